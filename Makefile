@@ -1,0 +1,21 @@
+# Two entry points do all set-up on a fresh machine: `make run` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+.PHONY: install run test bench
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) scripts/run_stack.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run_all

@@ -1,0 +1,37 @@
+"""The backend ASGI app: API, workers and janitor share one store for the process's lifetime."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import AsyncIterator
+
+from starlette.applications import Starlette
+
+from backend_stub import janitor
+from backend_stub.api import BackendApi
+from backend_stub.config import BackendConfig
+from backend_stub.files import ResultFiles
+from backend_stub.store import open_store
+from backend_stub.worker import Workers
+from exports_common.envelope import exception_handlers
+
+
+def create_app(config: BackendConfig) -> Starlette:
+    store = open_store(config)
+    files = ResultFiles(config.data_dir)
+    workers = Workers(config, store, files)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await store.open()
+        await workers.start()
+        sweeper = asyncio.create_task(janitor.run(store, files, config.sweep_interval_sec))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            await workers.stop()
+            await store.close()
+
+    return Starlette(routes=BackendApi(config, store, files).routes(), lifespan=lifespan,
+                     exception_handlers=exception_handlers())

@@ -1,0 +1,83 @@
+"""The backend's configuration, as read from config/backend.yaml."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from backend_stub.datasets import DATASETS
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FilterSpec(Strict):
+    """One filter a client may send: its type, and the column it tests."""
+
+    type: Literal["string", "integer", "number", "date", "enum"]
+    column: str
+    op: Literal["eq", "gte", "lte"] = "eq"
+    values: list[str] | None = Field(None, description="allowed values, for type enum")
+    multiple: bool = Field(False, description="enum only: the client may send a list, matching any of it")
+
+    @model_validator(mode="after")
+    def _enum_has_values(self) -> "FilterSpec":
+        if self.type == "enum" and not self.values:
+            raise ValueError("an enum filter needs a non-empty 'values' list")
+        return self
+
+
+class FaultConfig(Strict):
+    """Fault injection for tests and game days; everything off by default."""
+
+    failure_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of attempts that fail transiently")
+    fail_first_attempts: int = Field(0, ge=0, description="the first N attempts of every task fail transiently")
+    delay_sec: float = Field(0.0, ge=0.0, description="extra time spread over the render step")
+
+
+class ExportTypeConfig(Strict):
+    dataset: str
+    rows: int = Field(100_000, ge=1, le=100_000_000, description="size of the generated data set")
+    seed: int = 1
+    max_attempts: int = Field(3, ge=1, le=20)
+    estimated_rows_per_sec: int = Field(400_000, ge=1)
+    filters: dict[str, FilterSpec] = Field(default_factory=dict)
+    fault: FaultConfig = Field(default_factory=FaultConfig)
+
+    @model_validator(mode="after")
+    def _columns_exist(self) -> "ExportTypeConfig":
+        if self.dataset not in DATASETS:
+            raise ValueError(f"unknown dataset {self.dataset!r}; known: {sorted(DATASETS)}")
+        columns = DATASETS[self.dataset].columns
+        for name, spec in self.filters.items():
+            if spec.column not in columns:
+                raise ValueError(f"filter {name!r}: dataset {self.dataset!r} has no column {spec.column!r}")
+        return self
+
+
+class BackendConfig(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8081, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    data_dir: str = ".data/backend"
+    redis_url: str = Field("", description="empty: embedded SQLite store; set: shared Redis store and queue")
+    redis_prefix: str = "exports"
+    workers: int = Field(2, ge=1, le=64)
+    lease_sec: float = Field(30.0, gt=0, description="a dead worker's task is picked up again after this")
+    progress_interval_sec: float = Field(0.5, gt=0)
+    task_ttl_sec: int = Field(86_400, ge=1, le=72 * 3600, description="terminal tasks and files are deleted after this")
+    sweep_interval_sec: float = Field(60.0, gt=0)
+    default_timeout_sec: int = Field(300, ge=1)
+    max_timeout_sec: int = Field(3600, ge=1)
+    max_body_bytes: int = Field(65_536, ge=1024)
+    max_filters_bytes: int = Field(8_192, ge=64)
+    export_types: dict[str, ExportTypeConfig]
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> "BackendConfig":
+        if self.default_timeout_sec > self.max_timeout_sec:
+            raise ValueError("default_timeout_sec must not exceed max_timeout_sec")
+        if not self.export_types:
+            raise ValueError("declare at least one export type")
+        return self

@@ -1,0 +1,109 @@
+"""One export attempt, run in a worker thread: query the data set, render CSV or JSONL, store the file.
+
+It streams chunk by chunk, so memory stays flat whatever the row count, and it
+checks its stop flag between chunks: those are the safe points where a cancel or
+a timeout takes effect. Whatever stops it early, the partial file is removed.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import threading
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from backend_stub.config import ExportTypeConfig
+from backend_stub.datasets import DATASETS, Row
+from backend_stub.filters import compile_filters
+
+CHUNK_ROWS = 5_000
+
+
+class Cancelled(Exception):
+    """The job was told to stop (cancel, timeout, or lost lease)."""
+
+
+class TransientFailure(Exception):
+    """A failure worth another attempt (injected by the fault settings)."""
+
+
+@dataclass(frozen=True)
+class JobResult:
+    rows: int
+    bytes: int
+
+
+def _writer(fmt: str, out: TextIO, columns: tuple[str, ...]) -> Callable[[list[Row]], Any]:
+    if fmt == "csv":
+        writer = csv.writer(out)
+        writer.writerow(columns)
+        return writer.writerows
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
+    return lambda chunk: out.write("".join(dumps(dict(zip(columns, row))) + "\n" for row in chunk))
+
+
+class ExportJob:
+    def __init__(
+        self,
+        spec: ExportTypeConfig,
+        filters: dict[str, Any],
+        fmt: str,
+        part_path: Path,
+        final_path: Path,
+        fail_transiently: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.filters = filters
+        self.fmt = fmt
+        self.part_path = part_path
+        self.final_path = final_path
+        self.fail_transiently = fail_transiently
+        self.step = "query"
+        self.progress = 0
+        self._stop = threading.Event()
+
+    def cancel(self) -> None:
+        self._stop.set()
+
+    def run(self) -> JobResult:
+        try:
+            return self._run()
+        except BaseException:
+            self.part_path.unlink(missing_ok=True)
+            raise
+
+    def _pause(self, seconds: float) -> None:
+        if self._stop.wait(seconds) if seconds > 0 else self._stop.is_set():
+            raise Cancelled()
+
+    def _run(self) -> JobResult:
+        dataset = DATASETS[self.spec.dataset]
+        predicate = compile_filters(self.spec.filters, dataset.columns, self.filters)
+        rows = dataset.generate(self.spec.seed, self.spec.rows)
+        total = self.spec.rows
+        chunk_delay = self.spec.fault.delay_sec * min(1.0, CHUNK_ROWS / total)
+        scanned = written = 0
+        self.part_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.part_path, "w", newline="", encoding="utf-8", buffering=1 << 20) as out:
+            write = _writer(self.fmt, out, dataset.columns)
+            self.step = "render"
+            while chunk := list(islice(rows, CHUNK_ROWS)):
+                scanned += len(chunk)
+                if predicate is not None:
+                    chunk = [row for row in chunk if predicate(row)]
+                write(chunk)
+                written += len(chunk)
+                self.progress = 5 + (90 * scanned) // total
+                if self.fail_transiently and scanned * 2 >= total:
+                    raise TransientFailure("injected transient failure")
+                self._pause(chunk_delay)
+            self.step = "store"
+            out.flush()
+            os.fsync(out.fileno())
+        self._pause(0)
+        os.replace(self.part_path, self.final_path)
+        self.progress = 99
+        return JobResult(rows=written, bytes=self.final_path.stat().st_size)

@@ -1,0 +1,78 @@
+"""Filters: checked against the export type's schema, then compiled into one row predicate."""
+from __future__ import annotations
+
+import operator
+from datetime import date
+from typing import Any, Callable
+
+from backend_stub.config import FilterSpec
+from backend_stub.datasets import Row
+from exports_common.errors import validation_error
+
+Predicate = Callable[[Row], bool]
+_OPS = {"eq": operator.eq, "gte": operator.ge, "lte": operator.le}
+
+
+def _check_scalar(name: str, spec: FilterSpec, value: Any) -> Any:
+    field = f"filters.{name}"
+    if spec.type == "string":
+        if not isinstance(value, str) or not (1 <= len(value) <= 256):
+            raise validation_error(field, "must be a string of 1 to 256 characters")
+    elif spec.type == "integer":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise validation_error(field, "must be an integer")
+    elif spec.type == "number":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise validation_error(field, "must be a number")
+    elif spec.type == "date":
+        if not (isinstance(value, str) and len(value) == 10 and _is_date(value)):
+            raise validation_error(field, "must be a date as YYYY-MM-DD")
+    elif spec.type == "enum" and value not in (spec.values or []):
+        raise validation_error(field, f"must be one of {spec.values}")
+    return value
+
+
+def _is_date(value: str) -> bool:
+    try:
+        date.fromisoformat(value)
+        return True
+    except ValueError:
+        return False
+
+
+def validate_filters(specs: dict[str, FilterSpec], raw: Any) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise validation_error("filters", "must be a JSON object")
+    out: dict[str, Any] = {}
+    for name, value in raw.items():
+        spec = specs.get(name)
+        if spec is None:
+            raise validation_error(f"filters.{name}", f"unknown filter; allowed: {sorted(specs)}")
+        if spec.multiple and isinstance(value, list):
+            if not value:
+                raise validation_error(f"filters.{name}", "must not be an empty list")
+            out[name] = [_check_scalar(name, spec, v) for v in value]
+        else:
+            out[name] = _check_scalar(name, spec, value)
+    return out
+
+
+def _one(index: int, spec: FilterSpec, value: Any) -> Predicate:
+    if isinstance(value, list):
+        allowed = frozenset(value)
+        return lambda row: row[index] in allowed
+    compare = _OPS[spec.op]
+    return lambda row: compare(row[index], value)
+
+
+def compile_filters(specs: dict[str, FilterSpec], columns: tuple[str, ...], filters: dict[str, Any]) -> Predicate | None:
+    """One predicate for all filters, or None when nothing filters (the fast path)."""
+    predicates = [_one(columns.index(specs[name].column), specs[name], value) for name, value in filters.items()]
+    if not predicates:
+        return None
+    if len(predicates) == 1:
+        return predicates[0]
+    return lambda row: all(p(row) for p in predicates)
+

@@ -1,0 +1,100 @@
+"""The task state machine as pure functions: each takes a record and returns the next one or None.
+
+Stores apply them atomically (TaskStore.update), so every transition in CONTRACT
+section 6 is written down once, here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from backend_stub.models import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, TERMINAL, TIMEOUT, Task, error_info
+from backend_stub.store import Change
+
+
+def _next(task: Task, **changes: Any) -> Task:
+    return dataclasses.replace(task, updated_at=time.time(), **changes)
+
+
+def begin(max_attempts: int) -> Change:
+    """A worker starts the task. A RUNNING record means its last worker died: that attempt is over."""
+
+    def change(task: Task) -> Task | None:
+        if task.status not in (PENDING, RUNNING):
+            return None
+        attempt = task.attempt + 1 if task.status == RUNNING else task.attempt
+        if attempt - task.base_attempt >= max_attempts:
+            return finish(FAILED, error=error_info("WORKER_LOST", "the worker running this task stopped, "
+                                                   "and no attempts are left", retryable=False))(task)
+        now = time.time()
+        return _next(task, status=RUNNING, attempt=attempt, started_at=now, progress=0, current_step="query",
+                     error=None)
+
+    return change
+
+
+def report(attempt: int, progress: int, step: str) -> Change:
+    """Progress from the worker running `attempt`; refused once the task moved on without it."""
+
+    def change(task: Task) -> Task | None:
+        if task.status != RUNNING or task.attempt != attempt:
+            return None
+        if progress <= task.progress and step == task.current_step:
+            return None
+        return _next(task, progress=max(progress, task.progress), current_step=step)
+
+    return change
+
+
+def finish(status: str, *, attempt: int | None = None, ttl_sec: float = 86_400, **fields: Any) -> Change:
+    """End the task in a terminal status; with `attempt`, only if that attempt is still the running one."""
+
+    def change(task: Task) -> Task | None:
+        if task.status in TERMINAL:
+            return None
+        if attempt is not None and (task.status != RUNNING or task.attempt != attempt):
+            return None
+        now = time.time()
+        extra: dict[str, Any] = {"progress": 100} if status == COMPLETED else {}
+        return _next(task, status=status, finished_at=now, expire_at=now + ttl_sec, current_step=None,
+                     **extra, **fields)
+
+    return change
+
+
+def requeue(attempt: int) -> Change:
+    """After a transient failure: back to PENDING as the next attempt."""
+
+    def change(task: Task) -> Task | None:
+        if task.status != RUNNING or task.attempt != attempt:
+            return None
+        return _next(task, status=PENDING, attempt=attempt + 1, progress=0, current_step=None, started_at=None)
+
+    return change
+
+
+def cancel(ttl_sec: float) -> Change:
+    def change(task: Task) -> Task | None:
+        if task.status not in (PENDING, RUNNING):
+            return None
+        return finish(CANCELLED, ttl_sec=ttl_sec)(task)
+
+    return change
+
+
+def rerun(expected_attempt: int, overrides: dict[str, Any]) -> Change:
+    """CONTRACT 3.5: start a finished TIMEOUT (or retryable FAILED) task again under the same id."""
+
+    def change(task: Task) -> Task | None:
+        if task.attempt != expected_attempt or not rerunnable(task):
+            return None
+        attempt = task.attempt + 1
+        return _next(task, status=PENDING, attempt=attempt, base_attempt=attempt, progress=0, current_step=None,
+                     started_at=None, finished_at=None, expire_at=None, result=None, error=None, **overrides)
+
+    return change
+
+
+def rerunnable(task: Task) -> bool:
+    return task.status == TIMEOUT or (task.status == FAILED and bool(task.error and task.error.get("retryable")))

@@ -1,0 +1,79 @@
+"""The task record, its lifecycle, and the public view the API returns (CONTRACT 2.2)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from exports_common.timefmt import rfc3339
+
+PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, CANCELLED = (
+    "PENDING", "RUNNING", "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED",
+)
+TERMINAL = frozenset({COMPLETED, FAILED, TIMEOUT, CANCELLED})
+STATUSES = (PENDING, RUNNING) + tuple(sorted(TERMINAL))
+
+
+@dataclass
+class Task:
+    task_id: str
+    tenant: str
+    export_type: str
+    filters: dict[str, Any]
+    format: str
+    timeout_sec: int
+    callback_url: str | None
+    fingerprint: str
+    created_at: float
+    updated_at: float
+    status: str = PENDING
+    progress: int = 0
+    current_step: str | None = None
+    attempt: int = 1
+    # attempts count against max_attempts from here: a re-run starts a fresh allowance
+    base_attempt: int = 1
+    degraded: bool = False
+    started_at: float | None = None
+    finished_at: float | None = None
+    expire_at: float | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    callback: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> "Task":
+        return cls(**json.loads(raw))
+
+    def public(self) -> dict[str, Any]:
+        result = None
+        if self.result is not None:
+            result = dict(self.result, expire_at=rfc3339(self.expire_at) if self.expire_at else None)
+        return {
+            "task_id": self.task_id,
+            "export_type": self.export_type,
+            "status": self.status,
+            "progress": self.progress,
+            "current_step": self.current_step,
+            "attempt": self.attempt,
+            "created_at": rfc3339(self.created_at),
+            "updated_at": rfc3339(self.updated_at),
+            "result": result,
+            "error": self.error,
+            "degraded": self.degraded,
+            "callback": self.callback,
+            "format": self.format,
+            "timeout_sec": self.timeout_sec,
+        }
+
+
+def error_info(code: str, message: str, retryable: bool) -> dict[str, Any]:
+    return {"code": code, "message": message, "retryable": retryable}

@@ -1,0 +1,163 @@
+"""Shared store: task records in Redis, the queue a Redis Stream with a consumer group.
+
+Several backend processes share one queue. A worker that dies leaves its entry
+pending in the group; once the entry has been idle for the lease time another
+worker takes it over with XAUTOCLAIM. Live workers renew by re-claiming their
+own entry, which resets its idle time.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError, WatchError
+
+from backend_stub.models import Task
+from backend_stub.store.base import Change, Lease, decode_cursor, encode_cursor
+
+_GROUP = "workers"
+
+
+class RedisTaskStore:
+    def __init__(self, url: str, prefix: str) -> None:
+        self.redis = aioredis.Redis.from_url(url, decode_responses=True)
+        self.prefix = prefix
+        self.stream = f"{prefix}:queue"
+        self.expiry = f"{prefix}:expiry"
+
+    def _task_key(self, task_id: str) -> str:
+        return f"{self.prefix}:task:{task_id}"
+
+    def _tenant_key(self, tenant: str) -> str:
+        return f"{self.prefix}:tenant:{tenant}"
+
+    async def open(self) -> None:
+        try:
+            await self.redis.xgroup_create(self.stream, _GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    def _stage_write(self, pipe: Any, task: Task) -> None:
+        pipe.set(self._task_key(task.task_id), task.to_json())
+        if task.terminal and task.expire_at is not None:
+            pipe.zadd(self.expiry, {task.task_id: task.expire_at})
+        else:
+            pipe.zrem(self.expiry, task.task_id)
+
+    async def create(self, task: Task) -> tuple[Task, bool]:
+        key = self._task_key(task.task_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    if raw is not None:
+                        return Task.from_json(raw), False
+                    pipe.multi()
+                    self._stage_write(pipe, task)
+                    pipe.zadd(self._tenant_key(task.tenant), {task.task_id: task.created_at})
+                    pipe.xadd(self.stream, {"task_id": task.task_id})
+                    await pipe.execute()
+                    return task, True
+                except WatchError:
+                    continue
+
+    async def get(self, task_id: str) -> Task | None:
+        raw = await self.redis.get(self._task_key(task_id))
+        return Task.from_json(raw) if raw is not None else None
+
+    async def update(
+        self, task_id: str, change: Change, *, enqueue: bool = False, ack: Lease | None = None
+    ) -> tuple[Task | None, bool]:
+        key = self._task_key(task_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        return None, False
+                    current = Task.from_json(raw)
+                    new = change(current)
+                    if new is None:
+                        return current, False
+                    pipe.multi()
+                    self._stage_write(pipe, new)
+                    if enqueue:
+                        pipe.xadd(self.stream, {"task_id": task_id})
+                    if ack is not None:
+                        pipe.xack(self.stream, _GROUP, ack.entry_id)
+                        pipe.xdel(self.stream, ack.entry_id)
+                    await pipe.execute()
+                    return new, True
+                except WatchError:
+                    continue
+
+    async def list(
+        self, tenant: str, status: str | None, limit: int, cursor: str | None
+    ) -> tuple[list[Task], str | None]:
+        after = decode_cursor(cursor) if cursor else None
+        max_score: str | float = after[0] if after else "+inf"
+        out: list[Task] = []
+        offset, batch = 0, max(limit * 2, 100)
+        while len(out) <= limit:
+            ids = await self.redis.zrevrangebyscore(
+                self._tenant_key(tenant), max_score, "-inf", start=offset, num=batch, withscores=True
+            )
+            if not ids:
+                break
+            offset += len(ids)
+            candidates = [
+                tid for tid, score in ids if after is None or score < after[0] or (score == after[0] and tid < after[1])
+            ]
+            raws = await self.redis.mget([self._task_key(t) for t in candidates]) if candidates else []
+            tasks = [Task.from_json(r) for r in raws if r is not None]
+            # the index is ordered by score only; equal scores are ordered by id here
+            tasks.sort(key=lambda t: (t.created_at, t.task_id), reverse=True)
+            out += [t for t in tasks if status is None or t.status == status]
+        out.sort(key=lambda t: (t.created_at, t.task_id), reverse=True)
+        page = out[:limit]
+        more = len(out) > limit
+        return page, encode_cursor(page[-1].created_at, page[-1].task_id) if more else None
+
+    async def claim(self, consumer: str, lease_sec: float, wait_sec: float) -> Lease | None:
+        lease_ms = int(lease_sec * 1000)
+        _, claimed, _ = await self.redis.xautoclaim(self.stream, _GROUP, consumer, lease_ms, "0-0", count=1)
+        entries = [(eid, fields) for eid, fields in claimed if fields]
+        if not entries:
+            reply = await self.redis.xreadgroup(
+                _GROUP, consumer, {self.stream: ">"}, count=1, block=max(1, int(wait_sec * 1000))
+            )
+            entries = reply[0][1] if reply else []
+        if not entries:
+            return None
+        entry_id, fields = entries[0]
+        return Lease(entry_id, fields["task_id"], lease_sec)
+
+    async def renew(self, lease: Lease, consumer: str) -> None:
+        await self.redis.xclaim(self.stream, _GROUP, consumer, 0, [lease.entry_id], justid=True)
+
+    async def ack(self, lease: Lease) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xack(self.stream, _GROUP, lease.entry_id)
+            pipe.xdel(self.stream, lease.entry_id)
+            await pipe.execute()
+
+    async def expired(self, now: float, limit: int) -> list[str]:
+        return list(await self.redis.zrangebyscore(self.expiry, "-inf", now, start=0, num=limit))
+
+    async def delete(self, task_id: str) -> None:
+        task = await self.get(task_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self._task_key(task_id))
+            pipe.zrem(self.expiry, task_id)
+            if task is not None:
+                pipe.zrem(self._tenant_key(task.tenant), task_id)
+            await pipe.execute()
+
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())

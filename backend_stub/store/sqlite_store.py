@@ -1,0 +1,179 @@
+"""Embedded store: one SQLite file (WAL) for tasks and the queue; survives kill -9.
+
+Statements are short and run on the event loop thread: each is well under a
+millisecond, and keeping them on one thread makes every method a transaction
+without locks. One backend process owns the file, so at start-up every lease
+left by a previous process is released at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+from backend_stub.models import TERMINAL, Task
+from backend_stub.store.base import Change, Lease, decode_cursor, encode_cursor
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expire_at REAL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tasks_by_tenant ON tasks (tenant, created_at DESC, task_id DESC);
+CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expire_at) WHERE expire_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS queue (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL,
+    lease_owner TEXT,
+    lease_until REAL
+);
+"""
+
+
+class SqliteTaskStore:
+    def __init__(self, data_dir: str) -> None:
+        self.path = Path(data_dir) / "tasks.sqlite3"
+        self._db: sqlite3.Connection | None = None
+        self._wakeup = asyncio.Event()
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        db.execute("UPDATE queue SET lease_owner = NULL, lease_until = NULL")
+        self._db = db
+
+    async def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise RuntimeError("store is not open")
+        return self._db
+
+    def _write(self, task: Task) -> None:
+        expire = task.expire_at if task.status in TERMINAL else None
+        self.db.execute(
+            "INSERT OR REPLACE INTO tasks (task_id, tenant, status, created_at, expire_at, body) VALUES (?,?,?,?,?,?)",
+            (task.task_id, task.tenant, task.status, task.created_at, expire, task.to_json()),
+        )
+
+    def _load(self, task_id: str) -> Task | None:
+        row = self.db.execute("SELECT body FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        return Task.from_json(row[0]) if row else None
+
+    def _enqueue(self, task_id: str) -> None:
+        self.db.execute("INSERT INTO queue (task_id) VALUES (?)", (task_id,))
+        self._wakeup.set()
+
+    async def create(self, task: Task) -> tuple[Task, bool]:
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            existing = self._load(task.task_id)
+            if existing is not None:
+                return existing, False
+            self._write(task)
+            self._enqueue(task.task_id)
+        return task, True
+
+    async def get(self, task_id: str) -> Task | None:
+        return self._load(task_id)
+
+    async def update(
+        self, task_id: str, change: Change, *, enqueue: bool = False, ack: Lease | None = None
+    ) -> tuple[Task | None, bool]:
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            current = self._load(task_id)
+            if current is None:
+                return None, False
+            new = change(current)
+            if new is None:
+                return current, False
+            self._write(new)
+            if ack is not None:
+                self.db.execute("DELETE FROM queue WHERE seq = ?", (int(ack.entry_id),))
+            if enqueue:
+                self._enqueue(task_id)
+        return new, True
+
+    async def list(
+        self, tenant: str, status: str | None, limit: int, cursor: str | None
+    ) -> tuple[list[Task], str | None]:
+        sql = "SELECT body FROM tasks WHERE tenant = ?"
+        args: list[object] = [tenant]
+        if status:
+            sql += " AND status = ?"
+            args.append(status)
+        if cursor:
+            created_at, task_id = decode_cursor(cursor)
+            sql += " AND (created_at < ? OR (created_at = ? AND task_id < ?))"
+            args += [created_at, created_at, task_id]
+        sql += " ORDER BY created_at DESC, task_id DESC LIMIT ?"
+        args.append(limit + 1)
+        tasks = [Task.from_json(r[0]) for r in self.db.execute(sql, args).fetchall()]
+        more = len(tasks) > limit
+        tasks = tasks[:limit]
+        return tasks, encode_cursor(tasks[-1].created_at, tasks[-1].task_id) if more else None
+
+    async def claim(self, consumer: str, lease_sec: float, wait_sec: float) -> Lease | None:
+        deadline = time.monotonic() + wait_sec
+        while True:
+            self._wakeup.clear()
+            lease = self._try_claim(consumer, lease_sec)
+            remaining = deadline - time.monotonic()
+            if lease is not None or remaining <= 0:
+                return lease
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    def _try_claim(self, consumer: str, lease_sec: float) -> Lease | None:
+        now = time.time()
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            row = self.db.execute(
+                "SELECT seq, task_id FROM queue WHERE lease_until IS NULL OR lease_until < ? ORDER BY seq LIMIT 1",
+                (now,),
+            ).fetchone()
+            if row is None:
+                return None
+            self.db.execute(
+                "UPDATE queue SET lease_owner = ?, lease_until = ? WHERE seq = ?", (consumer, now + lease_sec, row[0])
+            )
+        return Lease(str(row[0]), row[1], lease_sec)
+
+    async def renew(self, lease: Lease, consumer: str) -> None:
+        until = time.time() + lease.lease_sec
+        self.db.execute(
+            "UPDATE queue SET lease_until = ? WHERE seq = ? AND lease_owner = ?", (until, int(lease.entry_id), consumer)
+        )
+
+    async def ack(self, lease: Lease) -> None:
+        self.db.execute("DELETE FROM queue WHERE seq = ?", (int(lease.entry_id),))
+
+    async def expired(self, now: float, limit: int) -> list[str]:
+        rows = self.db.execute(
+            "SELECT task_id FROM tasks WHERE expire_at IS NOT NULL AND expire_at < ? LIMIT ?", (now, limit)
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    async def delete(self, task_id: str) -> None:
+        with self.db:
+            self.db.execute("DELETE FROM tasks WHERE task_id = ?", (task_id,))
+            self.db.execute("DELETE FROM queue WHERE task_id = ?", (task_id,))
+
+    async def ping(self) -> bool:
+        self.db.execute("SELECT 1").fetchone()
+        return True

@@ -1,0 +1,1 @@
+"""Pieces both processes share: the response envelope, error kinds, config loading, task ids, logging."""

@@ -1,0 +1,103 @@
+"""Load a YAML config file into a pydantic model.
+
+`${NAME}` and `${NAME:-default}` in string values read the environment. Every
+problem is reported with its path in the file and its line, so `check-config`
+can name all of them at once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ConfigError(Exception):
+    def __init__(self, source: str, problems: list[str]) -> None:
+        super().__init__(f"{source}: " + "; ".join(problems))
+        self.source = source
+        self.problems = problems
+
+    def report(self) -> str:
+        return "\n".join([f"{self.source}: {len(self.problems)} problem(s)"] + [f"  - {p}" for p in self.problems])
+
+
+def interpolate(value: Any, path: str, missing: list[str]) -> Any:
+    if isinstance(value, dict):
+        return {k: interpolate(v, f"{path}.{k}" if path else str(k), missing) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, f"{path}[{i}]", missing) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def replace(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        missing.append(f"{path}: environment variable {name} is not set (use ${{{name}:-default}} for a default)")
+        return ""
+
+    return _ENV_REF.sub(replace, value)
+
+
+def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    node = root
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if k.value == str(part)), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            break
+        if node is None:
+            return None
+    return node.start_mark.line + 1 if node is not None else None
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def load_model(path: str | Path, model: type[M]) -> M:
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(source, [f"cannot read the file: {exc.strerror}"]) from exc
+    try:
+        raw = yaml.safe_load(text) or {}
+        root = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [f"not valid YAML: {exc}"]) from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(source, ["the top level must be a mapping"])
+    missing: list[str] = []
+    data = interpolate(raw, "", missing)
+    if missing:
+        raise ConfigError(source, missing)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            line = _line_of(root, loc)
+            where = f"{_format_loc(loc)}" + (f" (line {line})" if line else "")
+            problems.append(f"{where}: {err['msg']}")
+        raise ConfigError(source, problems) from exc
+
+
+def write_schema(model: type[BaseModel], path: str | Path) -> None:
+    Path(path).write_text(json.dumps(model.model_json_schema(), indent=2) + "\n")

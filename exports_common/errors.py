@@ -1,0 +1,68 @@
+"""Every error kind the public API and the backend can answer with.
+
+The numeric codes are part of the contract: they are stable, listed in the README,
+and never reused for another meaning.
+"""
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+
+class ErrorKind(Enum):
+    # value: (envelope code, HTTP status, default message)
+    BAD_REQUEST = (40000, 400, "the request could not be read")
+    INVALID_JSON = (40001, 400, "the body is not valid JSON")
+    UNAUTHORIZED = (40100, 401, "send a valid API key as 'Authorization: Bearer <key>'")
+    BAD_SIGNATURE = (40300, 403, "the download link's signature is wrong; ask for the task again to get a fresh link")
+    NOT_FOUND = (40400, 404, "no such resource")
+    TASK_NOT_FOUND = (40401, 404, "no such task (unknown, expired, or not yours)")
+    METHOD_NOT_ALLOWED = (40500, 405, "method not allowed on this path")
+    TASK_ID_CONFLICT = (40901, 409, "a task with this id exists with a different payload")
+    IDEMPOTENCY_IN_FLIGHT = (40902, 409, "a request with this Idempotency-Key is still in flight; retry shortly")
+    STALE_ATTEMPT = (40903, 409, "expected_attempt does not match the task's current attempt")
+    TASK_TERMINAL = (40904, 409, "the task has already finished")
+    NOT_RETRYABLE = (40905, 409, "the task is not in a state that can be re-run")
+    GONE = (41000, 410, "the download link has expired; poll the task for a fresh link")
+    FILE_GONE = (41001, 410, "the result file has expired")
+    PAYLOAD_TOO_LARGE = (41300, 413, "the request body is too large")
+    UNSUPPORTED_MEDIA_TYPE = (41500, 415, "send the body as 'Content-Type: application/json'")
+    VALIDATION = (42200, 422, "the request is invalid")
+    IDEMPOTENCY_KEY_REUSED = (42201, 422, "this Idempotency-Key was used with a different body; use a new key")
+    INTERNAL = (50000, 500, "internal error; the request was not applied, retry later")
+    UPSTREAM_UNREACHABLE = (50200, 502, "the upstream service could not be reached; retry later")
+    UNAVAILABLE = (50300, 503, "the service is temporarily unavailable; retry after the time in Retry-After")
+    UPSTREAM_TIMEOUT = (50400, 504, "the upstream service did not answer in time; retry later")
+
+    @property
+    def code(self) -> int:
+        return self.value[0]
+
+    @property
+    def status(self) -> int:
+        return self.value[1]
+
+    @property
+    def default_message(self) -> str:
+        return self.value[2]
+
+
+class ApiError(Exception):
+    """Raised anywhere in a request; turned into an envelope at the edge of the app."""
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str | None = None,
+        data: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message or kind.default_message)
+        self.kind = kind
+        self.message = message or kind.default_message
+        self.data = data
+        self.headers = headers or {}
+
+
+def validation_error(field: str, reason: str) -> ApiError:
+    return ApiError(ErrorKind.VALIDATION, f"{field}: {reason}", data={"field": field, "reason": reason})

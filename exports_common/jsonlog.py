@@ -1,0 +1,45 @@
+"""Structured logs: one JSON object per line, with trace and task ids when known."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from contextvars import ContextVar
+from typing import Any
+
+task_id_var: ContextVar[str | None] = ContextVar("task_id", default=None)
+trace_id_var: ContextVar[str | None] = ContextVar("trace_id", default=None)
+
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "color_message"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(time.time(), 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key in ("trace_id", "task_id"):
+            value = record.__dict__.get(key) or (trace_id_var if key == "trace_id" else task_id_var).get()
+            if value:
+                out[key] = value
+        out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD and k not in out})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup(level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("uvicorn.access",):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    for name in ("uvicorn", "uvicorn.error"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
