@@ -15,6 +15,11 @@ class ResultFiles:
     def partial(self, task_id: str, attempt: int) -> Path:
         return self.root / f"{task_id}.a{attempt}.part"
 
+    def remove_partials(self, task_id: str) -> None:
+        """Left behind by an attempt whose worker died; a new attempt starts clean."""
+        for path in self.root.glob(f"{task_id}.a*.part"):
+            path.unlink(missing_ok=True)
+
     def remove_all(self, task_id: str) -> None:
         for path in self.root.glob(f"{task_id}.*"):
             path.unlink(missing_ok=True)

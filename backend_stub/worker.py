@@ -76,6 +76,7 @@ class Workers:
         if task is None or not changed or task.status != RUNNING:
             await self.store.ack(lease)
             return None
+        self.files.remove_partials(task.task_id)
         log.info("task started", extra={"attempt": task.attempt, "export_type": task.export_type})
         return task
 

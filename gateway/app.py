@@ -1,0 +1,241 @@
+"""The gateway ASGI app: operations endpoints, then every other path through its route's plugin chain."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import re
+import signal
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import AsyncIterator
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+from opentelemetry import propagate
+from opentelemetry.trace import SpanKind, format_trace_id
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from exports_common.config_loader import ConfigError, load_model
+from exports_common.envelope import exception_handlers, ok
+from exports_common.errors import ApiError, ErrorKind
+from exports_common.jsonlog import task_id_var, trace_id_var
+from gateway import telemetry
+from gateway.config import GatewayConfig
+from gateway.context import RequestContext
+from gateway.response import GatewayResponse
+from gateway.runtime import Runtime, build_runtime, upstreams_of
+from gateway.services import Services, state_stores
+from gateway.signing import DownloadSigner
+from gateway.tenants import TenantDirectory
+from gateway.upstream import AiohttpUpstream, UpstreamError
+
+log = logging.getLogger("gateway")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def _upstream_error(exc: UpstreamError) -> ApiError:
+    if exc.kind == "timeout":
+        return ApiError(ErrorKind.UPSTREAM_TIMEOUT)
+    return ApiError(ErrorKind.UPSTREAM_UNREACHABLE, data={"reason": exc.kind})
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, config_path: str | None) -> None:
+        self.initial_config = config
+        self.config_path = config_path
+        self._runtime: Runtime | None = None
+        self._config_mtime = self._mtime()
+
+    @property
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            raise RuntimeError("the gateway has not started")
+        return self._runtime
+
+    def _mtime(self) -> float | None:
+        try:
+            return Path(self.config_path).stat().st_mtime if self.config_path else None
+        except OSError:
+            return None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        config = self.initial_config
+        metrics, tracer = telemetry.setup("gateway", config.tracing.exporter)
+        redis = aioredis.Redis.from_url(config.redis_url) if config.redis_url else None
+        cache, idempotency = state_stores(redis, config.redis_prefix, config.state_dir)
+        pool = max(u.pool_size for u in config.upstreams.values())
+        services = Services(
+            client=AiohttpUpstream(pool), metrics=metrics, tracer=tracer, tenants=TenantDirectory({}),
+            signer=DownloadSigner(config.download_signing.secrets), upstreams=upstreams_of(config),
+            status_cache=cache, idempotency_store=idempotency, redis=redis,
+        )
+        self._runtime = build_runtime(config, services)
+        watcher = asyncio.create_task(self._watch_config())
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            await services.client.close()
+            if redis is not None:
+                await redis.aclose()
+
+    async def _watch_config(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            mtime = self._mtime()
+            if mtime is not None and mtime != self._config_mtime:
+                await self.reload()
+
+    async def reload(self) -> list[str]:
+        """Load the config file again; a config that does not validate is refused and the old one kept."""
+        self._config_mtime = self._mtime()
+        if not self.config_path:
+            return ["the gateway was started without a config file"]
+        try:
+            config = load_model(self.config_path, GatewayConfig)
+        except ConfigError as exc:
+            log.error("config reload refused; the config in force keeps serving", extra={"problems": exc.problems})
+            return exc.problems
+        self._runtime = build_runtime(config, self.runtime.services)
+        log.info("config reloaded", extra={"routes": len(config.routes)})
+        return []
+
+    # -- the public path -------------------------------------------------------------------------
+
+    async def handle(self, request: Request) -> Response | GatewayResponse:
+        runtime = self.runtime
+        method, path = request.method, request.url.path
+        match = runtime.router.match(method, path)
+        if isinstance(match, list):
+            if match:
+                raise ApiError(ErrorKind.METHOD_NOT_ALLOWED, headers={"Allow": ", ".join(match)})
+            raise ApiError(ErrorKind.NOT_FOUND, f"no route for {path}")
+        route = match.route
+        supplied = request.headers.get("x-request-id", "")
+        ctx = RequestContext(
+            request=request, route_name=route.name, upstream=route.upstream,
+            upstream_path=match.upstream_path(path), params=match.params,
+            request_id=supplied if _REQUEST_ID.match(supplied) else uuid.uuid4().hex,
+        )
+        services = runtime.services
+        started = time.perf_counter()
+        with services.tracer.start_as_current_span(
+            f"{method} {route.path}", context=propagate.extract(request.headers), kind=SpanKind.SERVER,
+            attributes={"http.route": route.path, "gateway.route": route.name},
+        ) as span:
+            trace_id_var.set(format_trace_id(span.get_span_context().trace_id))
+            resp = await self._run_chain(runtime, ctx)
+            span.set_attribute("http.response.status_code", resp.status)
+        for name, value in ctx.response_headers.items():
+            resp.set_header(name, value)
+        resp.set_header("x-request-id", ctx.request_id)
+        attrs = {"route": route.name, "status": str(resp.status)}
+        services.metrics.requests.add(1, attrs)
+        services.metrics.duration.record(time.perf_counter() - started, {"route": route.name})
+        return resp
+
+    async def _run_chain(self, runtime: Runtime, ctx: RequestContext) -> GatewayResponse:
+        token = task_id_var.set(ctx.params.get("task_id"))
+        try:
+            return await runtime.chains[ctx.route_name](ctx)
+        except ApiError as exc:
+            return GatewayResponse.error(exc)
+        except UpstreamError as exc:
+            log.warning("upstream failed", extra={"route": ctx.route_name, "error": str(exc)})
+            return GatewayResponse.error(_upstream_error(exc))
+        except Exception:
+            log.exception("request failed inside the gateway", extra={"route": ctx.route_name})
+            return GatewayResponse.error(ApiError(ErrorKind.INTERNAL))
+        finally:
+            task_id_var.reset(token)
+
+    # -- operations endpoints --------------------------------------------------------------------
+
+    def _require_admin(self, request: Request) -> None:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        expected = self.runtime.config.admin_token
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+            raise ApiError(ErrorKind.UNAUTHORIZED, "send the admin token as 'Authorization: Bearer <token>'",
+                           headers={"WWW-Authenticate": 'Bearer realm="admin"'})
+
+    async def healthz(self, request: Request) -> Response:
+        return ok({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        problems = []
+        loop = asyncio.get_running_loop()
+        for name, upstream in self.runtime.services.upstreams.items():
+            host = urlsplit(upstream.url).hostname or ""
+            try:
+                await asyncio.wait_for(loop.getaddrinfo(host, None, type=socket.SOCK_STREAM), 2.0)
+            except (OSError, asyncio.TimeoutError):
+                problems.append(f"upstream {name}: cannot resolve {host}")
+        if problems:
+            raise ApiError(ErrorKind.UNAVAILABLE, "not ready: " + "; ".join(problems), data={"problems": problems},
+                           headers={"Retry-After": "5"})
+        return ok({"status": "ready", "routes": len(self.runtime.config.routes)})
+
+    async def metrics(self, request: Request) -> Response:
+        body, content_type = telemetry.prometheus_text()
+        return Response(body, media_type=content_type)
+
+    async def admin_routes(self, request: Request) -> Response:
+        self._require_admin(request)
+        config = self.runtime.config.model_dump(mode="json", exclude_none=True)
+        config["admin_token"] = "***"
+        config["download_signing"] = {"secrets": ["***"] * len(config["download_signing"]["secrets"])}
+        return ok(config)
+
+    async def admin_breakers(self, request: Request) -> Response:
+        self._require_admin(request)
+        return ok({})
+
+    async def admin_stats(self, request: Request) -> Response:
+        self._require_admin(request)
+        services = self.runtime.services
+        return ok({
+            "status_cache_entries": services.status_cache.size(),
+            "idempotency_keys": services.idempotency_store.size(),
+            "pid": os.getpid(),
+        })
+
+    async def admin_reload(self, request: Request) -> Response:
+        self._require_admin(request)
+        problems = await self.reload()
+        if problems:
+            raise ApiError(ErrorKind.VALIDATION, "the new config was refused; the old one keeps serving",
+                           data={"problems": problems})
+        return ok({"reloaded": True, "routes": len(self.runtime.config.routes)})
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/admin/routes", self.admin_routes, methods=["GET"]),
+            Route("/admin/breakers", self.admin_breakers, methods=["GET"]),
+            Route("/admin/stats", self.admin_stats, methods=["GET"]),
+            Route("/admin/reload", self.admin_reload, methods=["POST"]),
+            Route("/{path:path}", self.handle, methods=ALL_METHODS),
+        ]
+
+
+def create_app(config: GatewayConfig, config_path: str | None = None) -> Starlette:
+    gateway = Gateway(config, config_path)
+    app = Starlette(routes=gateway.routes(), lifespan=gateway.lifespan, exception_handlers=exception_handlers())
+    app.state.gateway = gateway
+    return app

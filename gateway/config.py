@@ -1,0 +1,143 @@
+"""The gateway's configuration, as read from config/gateway.yaml.
+
+A route's `plugins` list is validated against each plugin's own settings model,
+so a mistake is reported at its exact path (routes[0].plugins[2].idempotency.ttl_sec).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+
+from gateway.plugins import PLUGINS
+
+HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
+_PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _one_plugin(self: BaseModel) -> BaseModel:
+    chosen = [name for name in type(self).model_fields if getattr(self, name) is not None]
+    if len(chosen) != 1:
+        raise ValueError(f"each plugin entry names exactly one plugin (one of {sorted(PLUGINS)})")
+    return self
+
+
+# Fields are named p_<plugin> with the plugin's name as alias: a plugin called
+# `validate` must not shadow BaseModel.validate.
+PluginEntry: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "PluginEntry",
+    __config__=ConfigDict(extra="forbid"),
+    __validators__={"one_plugin": model_validator(mode="after")(_one_plugin)},
+    **{f"p_{name}": (cls.Settings | None, Field(None, alias=name)) for name, cls in PLUGINS.items()},
+)
+
+
+def plugin_of(entry: BaseModel) -> tuple[str, BaseModel]:
+    field = next(n for n in type(entry).model_fields if getattr(entry, n) is not None)
+    return field.removeprefix("p_"), getattr(entry, field)
+
+
+class TimeoutsConfig(Strict):
+    connect: float = Field(2.0, gt=0, description="seconds to open a connection")
+    read: float = Field(30.0, gt=0, description="seconds to wait for each read of the answer")
+
+
+class UpstreamConfig(Strict):
+    url: str = Field(pattern=r"^https?://[^/\s]+/?$", description="scheme://host:port of the upstream")
+    pool_size: int = Field(200, ge=1, le=10_000)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+
+
+class RouteConfig(Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$")
+    path: str = Field(description="public path; {name} matches one path segment")
+    methods: list[str]
+    upstream: str
+    rewrite: str | None = Field(None, description="upstream path; may use the path's {params}")
+    max_body_bytes: int = Field(1_048_576, ge=0, description="a bigger request body gets 413")
+    plugins: list[PluginEntry] = Field(default_factory=list)  # type: ignore[valid-type]
+
+    @field_validator("plugins", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        # `- auth` is short for `- auth: {}`
+        if isinstance(value, list):
+            return [{item: {}} if isinstance(item, str) else item for item in value]
+        return value
+
+    @field_validator("methods")
+    @classmethod
+    def _methods(cls, value: list[str]) -> list[str]:
+        upper = [m.upper() for m in value]
+        unknown = sorted(set(upper) - HTTP_METHODS)
+        if unknown or not upper:
+            raise ValueError(f"methods must be a non-empty list of {sorted(HTTP_METHODS)}")
+        return upper
+
+    @model_validator(mode="after")
+    def _paths(self) -> "RouteConfig":
+        if not self.path.startswith("/"):
+            raise ValueError("path must start with /")
+        missing = set(_PARAM.findall(self.rewrite or "")) - set(_PARAM.findall(self.path))
+        if missing:
+            raise ValueError(f"rewrite uses {sorted(missing)}, which the path does not define")
+        return self
+
+
+class TenantConfig(Strict):
+    api_key_hashes: list[str] = Field(description='"sha256:<hex>" of each API key; never the key itself')
+
+    @field_validator("api_key_hashes")
+    @classmethod
+    def _hashes(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not re.fullmatch(r"sha256:[0-9a-fA-F]{64}", item):
+                raise ValueError('each entry must be "sha256:" and 64 hex digits (python -m gateway hash-key KEY)')
+        return value
+
+
+class SigningConfig(Strict):
+    secrets: list[str] = Field(min_length=1, description="the first signs; all verify (rotation)")
+
+    @field_validator("secrets")
+    @classmethod
+    def _long_enough(cls, value: list[str]) -> list[str]:
+        if any(len(s) < 16 for s in value):
+            raise ValueError("each signing secret must be at least 16 characters")
+        return value
+
+
+class TracingConfig(Strict):
+    exporter: Literal["none", "console"] = "none"
+
+
+class GatewayConfig(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    public_base_url: str = Field("", description="base of links the gateway hands out; empty: from the request")
+    state_dir: str = ".data/gateway"
+    redis_url: str = Field("", description="empty: memory and a local file; set: state shared through Redis")
+    redis_prefix: str = "gw"
+    admin_token: str = Field(min_length=8)
+    download_signing: SigningConfig
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    upstreams: dict[str, UpstreamConfig]
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    routes: list[RouteConfig]
+
+    @model_validator(mode="after")
+    def _references(self) -> "GatewayConfig":
+        for route in self.routes:
+            if route.upstream not in self.upstreams:
+                raise ValueError(f"route {route.name!r} names upstream {route.upstream!r}, "
+                                 f"which is not among {sorted(self.upstreams)}")
+        names = [r.name for r in self.routes]
+        if len(names) != len(set(names)):
+            raise ValueError("route names must be unique")
+        return self

@@ -1,0 +1,44 @@
+"""auth: an API key (`Authorization: Bearer <key>`) names the tenant; the tenant goes upstream.
+
+The tenant header the upstream trusts is only ever set here: the proxy drops any
+`X-Tenant-Id` a client sends.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from exports_common.errors import ApiError, ErrorKind
+from gateway.context import Handler, RequestContext
+from gateway.plugins.base import Settings
+from gateway.response import GatewayResponse
+from gateway.services import Services
+
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="exports"'}
+
+
+class AuthSettings(Settings):
+    required: bool = True
+
+
+class Auth:
+    name: ClassVar[str] = "auth"
+    Settings: ClassVar[type[AuthSettings]] = AuthSettings
+
+    def __init__(self, next: Handler, settings: AuthSettings, services: Services, route: str) -> None:
+        self.next = next
+        self.required = settings.required
+        self.services = services
+
+    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
+        header = ctx.request.headers.get("authorization")
+        if header is None:
+            if self.required:
+                raise ApiError(ErrorKind.UNAUTHORIZED, headers=_CHALLENGE)
+            return await self.next(ctx)
+        scheme, _, key = header.partition(" ")
+        tenant = self.services.tenants.lookup(key.strip()) if scheme.lower() == "bearer" else None
+        if tenant is None:
+            raise ApiError(ErrorKind.UNAUTHORIZED, "the API key is not valid", headers=_CHALLENGE)
+        ctx.tenant = tenant
+        ctx.upstream_headers["x-tenant-id"] = tenant
+        return await self.next(ctx)

@@ -1,0 +1,68 @@
+"""signed_download: result links point at the gateway, signed and expiring with the result.
+
+`sign` rewrites `result.download_url` in task answers (single task or list) into
+`<public base><path>?expires=<unix>&sig=<hmac>`. `verify` (on the download route)
+answers 403 for a missing or wrong signature and 410 past the expiry, before any
+upstream call; the file then streams from the upstream, Range requests included.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar, Literal
+
+from exports_common.errors import ApiError, ErrorKind
+from exports_common.timefmt import parse_rfc3339
+from gateway.context import Handler, RequestContext
+from gateway.plugins.base import Settings
+from gateway.response import GatewayResponse
+from gateway.services import Services
+
+
+class SignedDownloadSettings(Settings):
+    action: Literal["sign", "verify"]
+    path: str = "/api/v1/exports/{task_id}/download"
+    param: str = "task_id"
+
+
+class SignedDownload:
+    name: ClassVar[str] = "signed_download"
+    Settings: ClassVar[type[SignedDownloadSettings]] = SignedDownloadSettings
+
+    def __init__(self, next: Handler, settings: SignedDownloadSettings, services: Services, route: str) -> None:
+        self.next = next
+        self.settings = settings
+        self.services = services
+
+    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
+        if self.settings.action == "verify":
+            self._verify(ctx)
+            return await self.next(ctx)
+        resp = await self.next(ctx)
+        doc = await resp.json() if resp.status in (200, 409) else None
+        data = doc.get("data") if isinstance(doc, dict) else None
+        if isinstance(data, dict):
+            base = self.services.public_base_url or str(ctx.request.base_url).rstrip("/")
+            tasks = data.get("items") if isinstance(data.get("items"), list) else [data]
+            if sum(self._sign(task, base) for task in tasks):
+                resp.replace_json(doc)
+        return resp
+
+    def _sign(self, task: Any, base: str) -> bool:
+        result = task.get("result") if isinstance(task, dict) else None
+        if not isinstance(result, dict) or not result.get("download_url") or not result.get("expire_at"):
+            return False
+        task_id = task["task_id"]
+        expires = int(parse_rfc3339(result["expire_at"]))
+        sig = self.services.signer.sign(task_id, expires)
+        result["download_url"] = f"{base}{self.settings.path.format(task_id=task_id)}?expires={expires}&sig={sig}"
+        return True
+
+    def _verify(self, ctx: RequestContext) -> None:
+        query = ctx.request.query_params
+        expires, sig = query.get("expires", ""), query.get("sig", "")
+        task_id = ctx.params.get(self.settings.param, "")
+        if not expires.isdigit() or not sig or not self.services.signer.verify(task_id, int(expires), sig):
+            raise ApiError(ErrorKind.BAD_SIGNATURE)
+        if int(expires) < time.time():
+            raise ApiError(ErrorKind.GONE)
+        ctx.query = ""

@@ -1,0 +1,121 @@
+"""status_cache: terminal statuses are answered from a short cache; concurrent misses share one call.
+
+Only terminal statuses are cached (a finished task does not change), per tenant
+and task, for `ttl_sec`. A non-terminal answer carries `Retry-After`, 1 s doubling
+to 30 s with the task's age, so well-behaved clients poll less as a task runs long.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pydantic import Field
+
+from exports_common.timefmt import parse_rfc3339
+from gateway.context import Handler, RequestContext
+from gateway.plugins.base import Settings
+from gateway.response import GatewayResponse
+from gateway.services import Services
+
+TERMINAL = ["COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"]
+
+
+class StatusCacheSettings(Settings):
+    ttl_sec: float = Field(5.0, gt=0, le=3600)
+    terminal_statuses: list[str] = Field(default_factory=lambda: list(TERMINAL))
+    param: str = "task_id"
+    poll_initial_sec: int = Field(1, ge=1)
+    poll_max_sec: int = Field(30, ge=1)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+    def response(self, cache: str) -> GatewayResponse:
+        return GatewayResponse(self.status, list(self.headers) + [("x-cache", cache)], self.body)
+
+    def encode(self) -> bytes:
+        return json.dumps([self.status, self.headers, base64.b64encode(self.body).decode()]).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Snapshot":
+        status, headers, body = json.loads(raw)
+        return cls(status, tuple((k, v) for k, v in headers), base64.b64decode(body))
+
+
+def poll_interval(age_sec: float, initial: int, maximum: int) -> int:
+    """initial, doubling each time the age doubles: 1 s under 2 s of age, 2 s under 4 s, ... capped."""
+    if age_sec < 2 * initial:
+        return initial
+    return min(maximum, initial * 2 ** int(math.log2(age_sec / initial)))
+
+
+class StatusCache:
+    name: ClassVar[str] = "status_cache"
+    Settings: ClassVar[type[StatusCacheSettings]] = StatusCacheSettings
+
+    def __init__(self, next: Handler, settings: StatusCacheSettings, services: Services, route: str) -> None:
+        self.next = next
+        self.settings = settings
+        self.terminal = frozenset(settings.terminal_statuses)
+        self.store = services.status_cache
+        self.metrics = services.metrics
+        self._in_flight: dict[str, asyncio.Future[Snapshot]] = {}
+
+    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
+        key = f"{ctx.tenant or '-'}:{ctx.params.get(self.settings.param, '')}"
+        raw = await self.store.get(key)
+        if raw is not None:
+            self.metrics.cache.add(1, {"result": "hit"})
+            return Snapshot.decode(raw).response("HIT")
+        leader = self._in_flight.get(key)
+        if leader is not None:
+            try:
+                snapshot = await asyncio.shield(leader)
+                self.metrics.cache.add(1, {"result": "coalesced"})
+                return snapshot.response("MISS")
+            except asyncio.CancelledError:
+                if not leader.cancelled():
+                    raise
+                # the leader's client went away: fetch for ourselves
+        self.metrics.cache.add(1, {"result": "miss"})
+        return (await self._fetch(ctx, key)).response("MISS")
+
+    async def _fetch(self, ctx: RequestContext, key: str) -> Snapshot:
+        future: asyncio.Future[Snapshot] = asyncio.get_running_loop().create_future()
+        self._in_flight[key] = future
+        try:
+            snapshot = await self._snapshot(await self.next(ctx), key)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved here, so an unawaited future does not warn
+            raise
+        finally:
+            del self._in_flight[key]
+        future.set_result(snapshot)
+        return snapshot
+
+    async def _snapshot(self, resp: GatewayResponse, key: str) -> Snapshot:
+        doc = await resp.json() if resp.status == 200 else None
+        data = doc.get("data") if isinstance(doc, dict) else None
+        status = data.get("status") if isinstance(data, dict) else None
+        if status is not None and status not in self.terminal and isinstance(data.get("created_at"), str):
+            age = max(0.0, time.time() - parse_rfc3339(data["created_at"]))
+            resp.set_header("retry-after", str(poll_interval(age, self.settings.poll_initial_sec,
+                                                             self.settings.poll_max_sec)))
+        snapshot = Snapshot(resp.status, tuple(h for h in resp.headers if h[0] != "content-length"),
+                            await resp.read())
+        if status in self.terminal:
+            await self.store.set(key, snapshot.encode(), self.settings.ttl_sec)
+        return snapshot

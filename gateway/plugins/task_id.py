@@ -1,0 +1,52 @@
+"""task_id: the gateway names every task.
+
+`generate` (on the submit route) makes a fresh id, sends it upstream as
+`X-Task-Id`, and turns the upstream's 200/201 into the contract's 202 with
+`Location` and `Retry-After`. `check` (on routes with a task id in the path)
+answers 404 at once for anything that is not a task id, without an upstream call.
+"""
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from exports_common.errors import ApiError, ErrorKind
+from exports_common.task_ids import PREFIX_PATTERN, is_task_id, new_task_id
+from gateway.context import Handler, RequestContext
+from gateway.plugins.base import Settings
+from gateway.response import GatewayResponse
+from gateway.services import Services
+
+
+class TaskIdSettings(Settings):
+    action: Literal["generate", "check"]
+    prefix: str = Field("exp", pattern=PREFIX_PATTERN.pattern)
+    param: str = "task_id"
+    location: str = Field("/api/v1/exports/{task_id}", description="generate: the Location of the new task")
+    retry_after_sec: int = Field(1, ge=1, description="generate: when to poll first")
+
+
+class TaskId:
+    name: ClassVar[str] = "task_id"
+    Settings: ClassVar[type[TaskIdSettings]] = TaskIdSettings
+
+    def __init__(self, next: Handler, settings: TaskIdSettings, services: Services, route: str) -> None:
+        self.next = next
+        self.settings = settings
+
+    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
+        if self.settings.action == "check":
+            task_id = ctx.params.get(self.settings.param, "")
+            if not is_task_id(task_id):
+                raise ApiError(ErrorKind.TASK_NOT_FOUND)
+            ctx.task_id = task_id
+            return await self.next(ctx)
+        ctx.task_id = new_task_id(self.settings.prefix)
+        ctx.upstream_headers["x-task-id"] = ctx.task_id
+        resp = await self.next(ctx)
+        if resp.status in (200, 201, 202):
+            resp.status = 202
+            resp.set_header("location", self.settings.location.format(task_id=ctx.task_id))
+            resp.set_header("retry-after", str(self.settings.retry_after_sec))
+        return resp

@@ -1,0 +1,120 @@
+"""The last handler of every chain: sends the request upstream and streams the answer back.
+
+Hop-by-hop headers are dropped both ways; the headers the upstream trusts
+(tenant, task id, attempt) come only from plugins, never from the client.
+"""
+from __future__ import annotations
+
+import time
+from typing import AsyncIterator
+
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind
+
+from exports_common.errors import ApiError, ErrorKind
+from gateway.context import RequestContext
+from gateway.response import GatewayResponse
+from gateway.services import Services, Upstream
+
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+    "transfer-encoding", "upgrade", "host", "content-length",
+})
+# set by the gateway alone; a client's copy is dropped
+GATEWAY_OWNED = frozenset({
+    "x-tenant-id", "x-task-id", "x-gateway-attempt", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host",
+    "x-request-id", "authorization", "traceparent", "tracestate",
+})
+
+
+def _dropped(headers: list[tuple[str, str]], extra: frozenset[str]) -> set[str]:
+    named = {t.strip().lower() for k, v in headers if k == "connection" for t in v.split(",")}
+    return set(HOP_BY_HOP) | named | set(extra)
+
+
+def upstream_headers(ctx: RequestContext) -> list[tuple[str, str]]:
+    incoming = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in ctx.request.scope["headers"]]
+    drop = _dropped(incoming, GATEWAY_OWNED)
+    out = [(k, v) for k, v in incoming if k not in drop]
+    client = ctx.request.client
+    out += [
+        ("x-forwarded-for", client.host if client else ""),
+        ("x-forwarded-proto", ctx.request.url.scheme),
+        ("x-forwarded-host", ctx.request.headers.get("host", "")),
+        ("x-request-id", ctx.request_id),
+    ]
+    out += list(ctx.upstream_headers.items())
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    out += list(carrier.items())
+    return out
+
+
+def client_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    # the gateway's own server adds date and server
+    drop = (_dropped(headers, frozenset({"date", "server"}))) - {"content-length"}
+    return [(k, v) for k, v in headers if k not in drop]
+
+
+class LimitedBody:
+    """Streams a request body upstream, stopping it once it passes the route's limit."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], limit: int) -> None:
+        self.chunks = chunks
+        self.limit = limit
+        self.exceeded = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self.chunks:
+            seen += len(chunk)
+            if seen > self.limit:
+                self.exceeded = True
+                raise too_large(self.limit)
+            yield chunk
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(ErrorKind.PAYLOAD_TOO_LARGE, f"the body must be at most {limit} bytes")
+
+
+class Proxy:
+    def __init__(self, upstream: Upstream, services: Services, max_body_bytes: int) -> None:
+        self.upstream = upstream
+        self.services = services
+        self.max_body_bytes = max_body_bytes
+
+    def _body(self, ctx: RequestContext) -> bytes | LimitedBody | None:
+        if ctx.body is not None:
+            return ctx.body
+        if ctx.method in ("GET", "HEAD", "DELETE", "OPTIONS"):
+            return None
+        declared = ctx.request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise too_large(self.max_body_bytes)
+        return LimitedBody(ctx.request.stream(), self.max_body_bytes)
+
+    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
+        query = ctx.request.url.query if ctx.query is None else ctx.query
+        url = f"{self.upstream.url}{ctx.upstream_path}" + (f"?{query}" if query else "")
+        body = self._body(ctx)
+        attrs = {"upstream": self.upstream.name, "route": ctx.route_name}
+        started = time.perf_counter()
+        with self.services.tracer.start_as_current_span(f"upstream {self.upstream.name}", kind=SpanKind.CLIENT,
+                                                        attributes={"http.request.method": ctx.method,
+                                                                    "url.full": url}) as span:
+            try:
+                resp = await self.services.client.request(ctx.method, url, upstream_headers(ctx), body,
+                                                          ctx.timeouts or self.upstream.timeouts)
+            except Exception as exc:
+                if isinstance(body, LimitedBody) and body.exceeded:
+                    raise too_large(self.max_body_bytes) from exc
+                span.set_status(trace.StatusCode.ERROR, str(exc))
+                self.services.metrics.upstream_calls.add(1, dict(attrs, outcome=type(exc).__name__))
+                raise
+            finally:
+                self.services.metrics.upstream_duration.record(time.perf_counter() - started, attrs)
+            span.set_attribute("http.response.status_code", resp.status)
+        self.services.metrics.upstream_calls.add(1, dict(attrs, outcome=str(resp.status)))
+        resp.headers = client_headers(resp.headers)
+        return resp

@@ -1,0 +1,103 @@
+"""The one response type that flows back through the plugin chain and out to the client.
+
+A body is either bytes (JSON envelopes, cached answers) or a stream straight from
+the upstream (downloads), which is never held in memory.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from starlette.types import Receive, Scope, Send
+
+from exports_common.envelope import JSON_TYPE, error_body, ok_body
+from exports_common.errors import ApiError
+
+
+@dataclass
+class GatewayResponse:
+    status: int
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes | None = None
+    stream: AsyncIterator[bytes] | None = None
+    release: Callable[[], Any] | None = None
+    _json: Any = field(default=None, repr=False)
+
+    @classmethod
+    def envelope(cls, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> "GatewayResponse":
+        resp = cls(status, [("content-type", JSON_TYPE)], ok_body(data))
+        for name, value in (headers or {}).items():
+            resp.set_header(name, value)
+        return resp
+
+    @classmethod
+    def error(cls, err: ApiError) -> "GatewayResponse":
+        resp = cls(err.kind.status, [("content-type", JSON_TYPE)], error_body(err))
+        for name, value in err.headers.items():
+            resp.set_header(name, value)
+        return resp
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        return next((v for k, v in self.headers if k == name), None)
+
+    def set_header(self, name: str, value: str) -> None:
+        name = name.lower()
+        self.headers = [(k, v) for k, v in self.headers if k != name] + [(name, value)]
+
+    @property
+    def is_json(self) -> bool:
+        media = (self.header("content-type") or "").split(";", 1)[0].strip()
+        return media == JSON_TYPE
+
+    async def read(self) -> bytes:
+        if self.body is None:
+            chunks = []
+            try:
+                if self.stream is not None:
+                    async for chunk in self.stream:
+                        chunks.append(chunk)
+            finally:
+                self.close()
+            self.body = b"".join(chunks)
+            self.stream = None
+        return self.body
+
+    async def json(self) -> Any:
+        """The parsed JSON body, or None when the body is not JSON."""
+        if self._json is None and self.is_json:
+            try:
+                self._json = json.loads(await self.read())
+            except ValueError:
+                return None
+        return self._json
+
+    def replace_json(self, value: Any) -> None:
+        self._json = value
+        self.body = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        self.stream = None
+        self.headers = [(k, v) for k, v in self.headers if k != "content-length"]
+
+    def close(self) -> None:
+        if self.release is not None:
+            self.release()
+            self.release = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self.headers if k != "content-length"]
+        if self.body is not None:
+            headers.append((b"content-length", str(len(self.body)).encode()))
+        elif (length := self.header("content-length")) is not None:
+            headers.append((b"content-length", length.encode()))
+        head_only = scope.get("method") == "HEAD"
+        try:
+            await send({"type": "http.response.start", "status": self.status, "headers": headers})
+            if self.body is not None or self.stream is None or head_only:
+                await send({"type": "http.response.body", "body": b"" if head_only else (self.body or b"")})
+                return
+            async for chunk in self.stream:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            self.close()

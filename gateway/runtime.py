@@ -1,0 +1,55 @@
+"""Everything built from one config: the router, and a plugin chain per route.
+
+The app holds exactly one Runtime and swaps it whole on reload, so a request
+runs entirely on the config that was in force when it arrived.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from gateway.config import GatewayConfig, RouteConfig, plugin_of
+from gateway.context import Handler
+from gateway.plugins import PLUGINS
+from gateway.proxy import Proxy
+from gateway.router import Router
+from gateway.services import Services, Upstream
+from gateway.signing import DownloadSigner
+from gateway.tenants import TenantDirectory
+from gateway.upstream import Timeouts
+
+
+@dataclass(frozen=True)
+class Runtime:
+    config: GatewayConfig
+    services: Services
+    router: Router
+    chains: dict[str, Handler]
+
+
+def upstreams_of(config: GatewayConfig) -> dict[str, Upstream]:
+    return {
+        name: Upstream(name, u.url.rstrip("/"), Timeouts(connect=u.timeouts.connect, read=u.timeouts.read))
+        for name, u in config.upstreams.items()
+    }
+
+
+def build_chain(route: RouteConfig, services: Services) -> Handler:
+    handler: Handler = Proxy(services.upstreams[route.upstream], services, route.max_body_bytes)
+    for entry in reversed(route.plugins):
+        name, settings = plugin_of(entry)
+        handler = PLUGINS[name](handler, settings, services, route.name)
+    return handler
+
+
+def build_runtime(config: GatewayConfig, services: Services) -> Runtime:
+    """A runtime for `config`, sharing the long-lived parts (client, stores, metrics) of `services`."""
+    services = dataclasses.replace(
+        services,
+        tenants=TenantDirectory({t: c.api_key_hashes for t, c in config.tenants.items()}),
+        signer=DownloadSigner(config.download_signing.secrets),
+        upstreams=upstreams_of(config),
+        public_base_url=config.public_base_url.rstrip("/"),
+    )
+    chains = {route.name: build_chain(route, services) for route in config.routes}
+    return Runtime(config, services, Router(config.routes), chains)

@@ -1,0 +1,41 @@
+"""Small HTTP helpers shared by the tests."""
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from exports_common.task_ids import new_task_id
+from tests.procs import wait_until
+
+TERMINAL = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"}
+
+
+def backend_create(url: str, body: dict[str, Any], tenant: str = "t1", task_id: str | None = None) -> httpx.Response:
+    return httpx.post(f"{url}/exports", json=body, timeout=10,
+                      headers={"X-Task-Id": task_id or new_task_id(), "X-Tenant-Id": tenant})
+
+
+def backend_task(url: str, task_id: str, tenant: str | None = None) -> dict[str, Any]:
+    headers = {"X-Tenant-Id": tenant} if tenant else {}
+    resp = httpx.get(f"{url}/exports/{task_id}", headers=headers, timeout=10)
+    resp.raise_for_status()
+    return resp.json()["data"]
+
+
+def wait_status(url: str, task_id: str, statuses: set[str] = TERMINAL, timeout: float = 20.0,
+                path: str = "/exports/", headers: dict[str, str] | None = None) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        resp = httpx.get(f"{url}{path}{task_id}", headers=headers or {}, timeout=10)
+        data = resp.json()["data"] if resp.status_code == 200 else None
+        return data if data and data["status"] in statuses else None
+
+    return wait_until(check, timeout, interval=0.1, what=f"task {task_id} to reach {sorted(statuses)}")
+
+
+def assert_envelope_error(resp: httpx.Response, status: int, code: int) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert body["code"] == code, body
+    assert isinstance(body["message"], str) and body["message"]
+    return body
