@@ -18,4 +18,5 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(PY) -m benchmarks.run_all

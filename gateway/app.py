@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.envelope import exception_handlers, ok
@@ -39,7 +40,7 @@ from gateway.upstream import AiohttpUpstream, UpstreamError
 
 log = logging.getLogger("gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 def _upstream_error(exc: UpstreamError) -> ApiError:
@@ -54,6 +55,8 @@ class Gateway:
         self.config_path = config_path
         self._runtime: Runtime | None = None
         self._config_mtime = self._mtime()
+        self.ops_app = Starlette(routes=self.ops_routes(), lifespan=self.lifespan,
+                                 exception_handlers=exception_handlers())
 
     @property
     def runtime(self) -> Runtime:
@@ -72,7 +75,7 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         config = self.initial_config
-        metrics, tracer = telemetry.setup("gateway", config.tracing.exporter)
+        metrics, tracer = telemetry.setup("gateway", config.tracing.exporter, config.tracing.sample_ratio)
         redis = aioredis.Redis.from_url(config.redis_url) if config.redis_url else None
         cache, idempotency = state_stores(redis, config.redis_prefix, config.state_dir)
         pool = max(u.pool_size for u in config.upstreams.values())
@@ -116,14 +119,27 @@ class Gateway:
 
     # -- the public path -------------------------------------------------------------------------
 
-    async def handle(self, request: Request) -> Response | GatewayResponse:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Public paths go straight to their chain; operations endpoints and lifespan to Starlette.
+
+        Dispatching here rather than through a Starlette catch-all route keeps the
+        per-request cost of the hot path to what the chain itself needs.
+        """
+        if scope["type"] == "http" and not _is_ops_path(scope["path"]):
+            response = await self.handle(Request(scope, receive))
+            await response(scope, receive, send)
+        else:
+            await self.ops_app(scope, receive, send)
+
+    async def handle(self, request: Request) -> GatewayResponse:
         runtime = self.runtime
-        method, path = request.method, request.url.path
+        method, path = request.method, request.scope["path"]
         match = runtime.router.match(method, path)
         if isinstance(match, list):
             if match:
-                raise ApiError(ErrorKind.METHOD_NOT_ALLOWED, headers={"Allow": ", ".join(match)})
-            raise ApiError(ErrorKind.NOT_FOUND, f"no route for {path}")
+                return GatewayResponse.error(
+                    ApiError(ErrorKind.METHOD_NOT_ALLOWED, headers={"Allow": ", ".join(match)}))
+            return GatewayResponse.error(ApiError(ErrorKind.NOT_FOUND, f"no route for {path}"))
         route = match.route
         supplied = request.headers.get("x-request-id", "")
         ctx = RequestContext(
@@ -143,8 +159,7 @@ class Gateway:
         for name, value in ctx.response_headers.items():
             resp.set_header(name, value)
         resp.set_header("x-request-id", ctx.request_id)
-        attrs = {"route": route.name, "status": str(resp.status)}
-        services.metrics.requests.add(1, attrs)
+        services.metrics.requests.add(route.name, str(resp.status))
         services.metrics.duration.record(time.perf_counter() - started, {"route": route.name})
         return resp
 
@@ -221,7 +236,7 @@ class Gateway:
                            data={"problems": problems})
         return ok({"reloaded": True, "routes": len(self.runtime.config.routes)})
 
-    def routes(self) -> list[Route]:
+    def ops_routes(self) -> list[Route]:
         return [
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
@@ -230,12 +245,12 @@ class Gateway:
             Route("/admin/breakers", self.admin_breakers, methods=["GET"]),
             Route("/admin/stats", self.admin_stats, methods=["GET"]),
             Route("/admin/reload", self.admin_reload, methods=["POST"]),
-            Route("/{path:path}", self.handle, methods=ALL_METHODS),
         ]
 
 
-def create_app(config: GatewayConfig, config_path: str | None = None) -> Starlette:
-    gateway = Gateway(config, config_path)
-    app = Starlette(routes=gateway.routes(), lifespan=gateway.lifespan, exception_handlers=exception_handlers())
-    app.state.gateway = gateway
-    return app
+def _is_ops_path(path: str) -> bool:
+    return path in OPS_PATHS or path.startswith("/admin/")
+
+
+def create_app(config: GatewayConfig, config_path: str | None = None) -> Gateway:
+    return Gateway(config, config_path)

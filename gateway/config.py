@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
 from gateway.plugins import PLUGINS
 
@@ -79,14 +79,20 @@ class RouteConfig(Strict):
             raise ValueError(f"methods must be a non-empty list of {sorted(HTTP_METHODS)}")
         return upper
 
-    @model_validator(mode="after")
-    def _paths(self) -> "RouteConfig":
-        if not self.path.startswith("/"):
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not value.startswith("/"):
             raise ValueError("path must start with /")
-        missing = set(_PARAM.findall(self.rewrite or "")) - set(_PARAM.findall(self.path))
+        return value
+
+    @field_validator("rewrite")
+    @classmethod
+    def _rewrite(cls, value: str | None, info: ValidationInfo) -> str | None:
+        missing = set(_PARAM.findall(value or "")) - set(_PARAM.findall(info.data.get("path", "")))
         if missing:
             raise ValueError(f"rewrite uses {sorted(missing)}, which the path does not define")
-        return self
+        return value
 
 
 class TenantConfig(Strict):
@@ -113,7 +119,8 @@ class SigningConfig(Strict):
 
 
 class TracingConfig(Strict):
-    exporter: Literal["none", "console"] = "none"
+    exporter: Literal["none", "console"] = Field("none", description="none: ids propagate, nothing is recorded")
+    sample_ratio: float = Field(1.0, ge=0.0, le=1.0, description="share of new traces recorded")
 
 
 class GatewayConfig(Strict):

@@ -39,7 +39,7 @@ def upstream_headers(ctx: RequestContext) -> list[tuple[str, str]]:
     client = ctx.request.client
     out += [
         ("x-forwarded-for", client.host if client else ""),
-        ("x-forwarded-proto", ctx.request.url.scheme),
+        ("x-forwarded-proto", ctx.request.scope.get("scheme", "http")),
         ("x-forwarded-host", ctx.request.headers.get("host", "")),
         ("x-request-id", ctx.request_id),
     ]
@@ -95,7 +95,7 @@ class Proxy:
         return LimitedBody(ctx.request.stream(), self.max_body_bytes)
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        query = ctx.request.url.query if ctx.query is None else ctx.query
+        query = ctx.request.scope["query_string"].decode("latin-1") if ctx.query is None else ctx.query
         url = f"{self.upstream.url}{ctx.upstream_path}" + (f"?{query}" if query else "")
         body = self._body(ctx)
         attrs = {"upstream": self.upstream.name, "route": ctx.route_name}
@@ -110,11 +110,11 @@ class Proxy:
                 if isinstance(body, LimitedBody) and body.exceeded:
                     raise too_large(self.max_body_bytes) from exc
                 span.set_status(trace.StatusCode.ERROR, str(exc))
-                self.services.metrics.upstream_calls.add(1, dict(attrs, outcome=type(exc).__name__))
+                self.services.metrics.upstream_calls.add(self.upstream.name, ctx.route_name, type(exc).__name__)
                 raise
             finally:
                 self.services.metrics.upstream_duration.record(time.perf_counter() - started, attrs)
             span.set_attribute("http.response.status_code", resp.status)
-        self.services.metrics.upstream_calls.add(1, dict(attrs, outcome=str(resp.status)))
+        self.services.metrics.upstream_calls.add(self.upstream.name, ctx.route_name, str(resp.status))
         resp.headers = client_headers(resp.headers)
         return resp

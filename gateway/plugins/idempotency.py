@@ -91,16 +91,16 @@ class Idempotency:
             "body": base64.b64encode(body).decode(),
         }
         await self.store.set(store_key, json.dumps(record).encode(), self.settings.ttl_sec)
-        self.metrics.idempotency.add(1, {"result": "stored"})
+        self.metrics.idempotency.add(self.route, "stored")
         return resp
 
     def _repeat(self, record: dict[str, Any], fingerprint: str) -> GatewayResponse:
         if record["fp"] != fingerprint:
-            self.metrics.idempotency.add(1, {"result": "mismatch"})
+            self.metrics.idempotency.add(self.route, "mismatch")
             raise ApiError(ErrorKind.IDEMPOTENCY_KEY_REUSED, data={"field": self.settings.header})
         if record["state"] != "done":
-            self.metrics.idempotency.add(1, {"result": "in_flight"})
+            self.metrics.idempotency.add(self.route, "in_flight")
             raise ApiError(ErrorKind.IDEMPOTENCY_IN_FLIGHT, headers={"Retry-After": "1"})
-        self.metrics.idempotency.add(1, {"result": "replayed"})
+        self.metrics.idempotency.add(self.route, "replayed")
         headers = [(k, v) for k, v in record["headers"]] + [("idempotent-replayed", "true")]
         return GatewayResponse(record["status"], headers, base64.b64decode(record["body"]))

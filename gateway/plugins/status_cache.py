@@ -7,7 +7,6 @@ to 30 s with the task's age, so well-behaved clients poll less as a task runs lo
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import math
 import time
@@ -43,12 +42,14 @@ class Snapshot:
         return GatewayResponse(self.status, list(self.headers) + [("x-cache", cache)], self.body)
 
     def encode(self) -> bytes:
-        return json.dumps([self.status, self.headers, base64.b64encode(self.body).decode()]).encode()
+        # a small JSON head, a newline, then the body as it is: a hit decodes only the head
+        return json.dumps([self.status, self.headers]).encode() + b"\n" + self.body
 
     @classmethod
     def decode(cls, raw: bytes) -> "Snapshot":
-        status, headers, body = json.loads(raw)
-        return cls(status, tuple((k, v) for k, v in headers), base64.b64decode(body))
+        head, _, body = raw.partition(b"\n")
+        status, headers = json.loads(head)
+        return cls(status, tuple((k, v) for k, v in headers), body)
 
 
 def poll_interval(age_sec: float, initial: int, maximum: int) -> int:
@@ -68,25 +69,26 @@ class StatusCache:
         self.terminal = frozenset(settings.terminal_statuses)
         self.store = services.status_cache
         self.metrics = services.metrics
+        self.route = route
         self._in_flight: dict[str, asyncio.Future[Snapshot]] = {}
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         key = f"{ctx.tenant or '-'}:{ctx.params.get(self.settings.param, '')}"
         raw = await self.store.get(key)
         if raw is not None:
-            self.metrics.cache.add(1, {"result": "hit"})
+            self.metrics.cache.add(self.route, "hit")
             return Snapshot.decode(raw).response("HIT")
         leader = self._in_flight.get(key)
         if leader is not None:
             try:
                 snapshot = await asyncio.shield(leader)
-                self.metrics.cache.add(1, {"result": "coalesced"})
+                self.metrics.cache.add(self.route, "coalesced")
                 return snapshot.response("MISS")
             except asyncio.CancelledError:
                 if not leader.cancelled():
                     raise
                 # the leader's client went away: fetch for ourselves
-        self.metrics.cache.add(1, {"result": "miss"})
+        self.metrics.cache.add(self.route, "miss")
         return (await self._fetch(ctx, key)).response("MISS")
 
     async def _fetch(self, ctx: RequestContext, key: str) -> Snapshot:

@@ -1,0 +1,91 @@
+"""Starting the processes a benchmark measures, with the same helpers the tests use."""
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+
+from tests.conftest import DEMO_KEY
+from tests.procs import Service, free_port, wait_until
+
+AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
+
+
+class Processes:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.started: list[Service] = []
+
+    def start(self, module: str, config: dict[str, Any], name: str) -> Service:
+        service = Service(module, config, self.workdir, name).start()
+        self.started.append(service)
+        return service
+
+    def stop_all(self) -> None:
+        for service in reversed(self.started):
+            service.stop()
+
+
+@contextlib.contextmanager
+def processes() -> Iterator[Processes]:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        procs = Processes(Path(tmp))
+        try:
+            yield procs
+        finally:
+            procs.stop_all()
+
+
+def submit_and_wait(gateway_url: str, body: dict[str, Any], statuses: set[str], timeout: float = 120) -> str:
+    task_id = httpx.post(f"{gateway_url}/api/v1/exports", json=body, headers=AUTH, timeout=30).json()["data"]["task_id"]
+
+    def reached() -> bool:
+        data = httpx.get(f"{gateway_url}/api/v1/exports/{task_id}", headers=AUTH, timeout=30).json()["data"]
+        return data["status"] in statuses
+
+    wait_until(reached, timeout, interval=0.1, what=f"{task_id} to reach {statuses}")
+    return task_id
+
+
+@contextlib.contextmanager
+def nginx(upstream: str, body_file: Path) -> Iterator[str | None]:
+    """nginx on a free port: /static answers `body_file`, everything else is proxy_pass to `upstream`.
+
+    None when nginx is not installed (the comparison is then skipped).
+    """
+    binary = shutil.which("nginx")
+    if binary is None:
+        yield None
+        return
+    port = free_port()
+    host_port = upstream.split("://", 1)[1]
+    with tempfile.TemporaryDirectory(prefix="bench-nginx-") as tmp:
+        conf = Path(tmp) / "nginx.conf"
+        conf.write_text(f"""
+worker_processes 1; daemon off; pid {tmp}/nginx.pid; error_log {tmp}/error.log;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp}; uwsgi_temp_path {tmp};
+  scgi_temp_path {tmp};
+  upstream pool {{ server {host_port}; keepalive 64; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location = /static {{ default_type application/json; alias {body_file}; }}
+    location / {{ proxy_pass http://pool; proxy_http_version 1.1; proxy_set_header Connection ""; }}
+  }}
+}}""")
+        proc = subprocess.Popen([binary, "-c", str(conf), "-p", tmp], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200, 10,
+                       what="nginx")
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(10)

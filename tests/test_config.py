@@ -1,0 +1,96 @@
+"""Config files: validation with paths, environment interpolation, and the shipped JSON Schemas."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend_stub.config import BackendConfig
+from exports_common.config_loader import ConfigError, interpolate, load_model
+from gateway.config import GatewayConfig
+from tests.procs import ROOT
+
+
+def run_cli(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("module,path", [("gateway", "config/gateway.yaml"), ("backend_stub", "config/backend.yaml")])
+def test_shipped_configs_are_valid(module: str, path: str) -> None:
+    result = run_cli(module, "check-config", path)
+    assert result.returncode == 0, result.stderr
+    assert "OK" in result.stdout
+
+
+@pytest.mark.parametrize("module,model,schema", [
+    ("gateway", GatewayConfig, "config/gateway.schema.json"),
+    ("backend_stub", BackendConfig, "config/backend.schema.json"),
+])
+def test_shipped_schema_matches_the_models(module: str, model: type, schema: str) -> None:
+    assert json.loads((ROOT / schema).read_text()) == model.model_json_schema(), \
+        f"regenerate with: python -m {module} schema > {schema}"
+
+
+def test_check_config_names_every_problem_with_its_path(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("""
+admin_token: short
+download_signing: {secrets: ["0123456789abcdef"]}
+upstreams:
+  exports: {url: "http://127.0.0.1:1"}
+routes:
+  - name: a
+    path: /x/{id}
+    methods: [GET]
+    upstream: exports
+    rewrite: /y/{other}
+    plugins:
+      - auth
+      - retry_forever: {}
+      - idempotency: {ttl_sec: 0}
+      - task_id: {action: bogus}
+""")
+    result = run_cli("gateway", "check-config", str(bad))
+    assert result.returncode == 2
+    out = result.stderr
+    for expected in ["admin_token (line 2)", "routes[0].plugins[1].retry_forever (line 14)",
+                     "routes[0].plugins[2].idempotency.ttl_sec (line 15)",
+                     "routes[0].plugins[3].task_id.action (line 16)", "rewrite uses ['other']"]:
+        assert expected in out, out
+
+
+def test_check_config_on_unreadable_and_non_yaml_files(tmp_path: Path) -> None:
+    assert run_cli("gateway", "check-config", str(tmp_path / "missing.yaml")).returncode == 2
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("routes: [unclosed\n")
+    result = run_cli("backend_stub", "check-config", str(broken))
+    assert result.returncode == 2 and "not valid YAML" in result.stderr
+
+
+def test_env_interpolation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GW_TEST_URL", "redis://h:1/0")
+    monkeypatch.delenv("GW_TEST_UNSET", raising=False)
+    missing: list[str] = []
+    out = interpolate({"a": "${GW_TEST_URL}", "b": ["x-${GW_TEST_UNSET:-dflt}-y"], "c": "${GW_TEST_UNSET:-}",
+                       "d": 5, "e": "${GW_TEST_UNSET}"}, "", missing)
+    assert out == {"a": "redis://h:1/0", "b": ["x-dflt-y"], "c": "", "d": 5, "e": ""}
+    assert missing == ["e: environment variable GW_TEST_UNSET is not set (use ${GW_TEST_UNSET:-default} for a default)"]
+
+
+def test_env_reaches_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:6390/0")
+    monkeypatch.setenv("EXPORT_BACKEND_URL", "http://127.0.0.1:9999")
+    config = load_model(ROOT / "config/gateway.yaml", GatewayConfig)
+    assert config.redis_url == "redis://127.0.0.1:6390/0"
+    assert config.upstreams["exports"].url == "http://127.0.0.1:9999"
+
+
+def test_backend_config_rejects_unknown_columns(tmp_path: Path) -> None:
+    path = tmp_path / "b.yaml"
+    path.write_text("export_types:\n  x:\n    dataset: orders\n    filters:\n      f: {type: string, column: nope}\n")
+    with pytest.raises(ConfigError) as err:
+        load_model(path, BackendConfig)
+    assert "export_types.x" in err.value.problems[0] and "no column 'nope'" in err.value.problems[0]

@@ -1,0 +1,66 @@
+"""Small pure pieces: address policy spellings, poll intervals, routing, signing, task ids."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from exports_common.netpolicy import AddressPolicy, refusal
+from exports_common.task_ids import is_task_id, new_task_id
+from gateway.config import RouteConfig
+from gateway.plugins.status_cache import poll_interval
+from gateway.router import Router
+from gateway.signing import DownloadSigner
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1/", "http://127.1/", "http://2130706433/", "http://0x7f000001/", "http://0177.0.0.1/",
+    "http://[::1]/", "http://[::ffff:127.0.0.1]/", "http://10.0.0.1/", "http://172.16.5.4/", "http://192.168.0.1/",
+    "http://169.254.169.254/", "http://0.0.0.0/", "http://[fe80::1]/", "http://[fc00::1]/", "http://localhost/",
+    "http://224.0.0.1/",
+])
+def test_non_public_addresses_are_refused_in_every_spelling(url: str) -> None:
+    assert asyncio.run(refusal(url, AddressPolicy())) is not None
+
+
+def test_public_and_allow_listed_addresses_pass() -> None:
+    assert asyncio.run(refusal("http://8.8.8.8/cb", AddressPolicy())) is None
+    allow = AddressPolicy.from_lists(["hooks.internal"], ["127.0.0.0/8"])
+    assert asyncio.run(refusal("http://127.0.0.1:9000/cb", allow)) is None
+    assert asyncio.run(refusal("http://localhost:9000/cb", allow)) is None
+    assert asyncio.run(refusal("http://hooks.internal/cb", allow)) is None
+    assert asyncio.run(refusal("http://10.0.0.1/cb", allow)) is not None
+
+
+@pytest.mark.parametrize("age,expected", [(0, 1), (1.9, 1), (2, 2), (3.9, 2), (4, 4), (15, 8), (16, 16), (31, 16),
+                                          (32, 30), (10_000, 30)])
+def test_poll_interval_doubles_with_age_up_to_30(age: float, expected: int) -> None:
+    assert poll_interval(age, 1, 30) == expected
+
+
+def test_router_matches_params_and_reports_allowed_methods() -> None:
+    routes = [RouteConfig(name="get", path="/a/{id}", methods=["GET"], upstream="u", rewrite="/b/{id}"),
+              RouteConfig(name="cancel", path="/a/{id}/cancel", methods=["POST"], upstream="u")]
+    router = Router(routes)
+    match = router.match("GET", "/a/42")
+    assert not isinstance(match, list) and match.params == {"id": "42"} and match.upstream_path("/a/42") == "/b/42"
+    assert router.match("DELETE", "/a/42") == ["GET"]
+    assert router.match("GET", "/a/42/x") == []
+    head = router.match("HEAD", "/a/1")
+    assert not isinstance(head, list) and head.route.name == "get"
+
+
+def test_signing_rotation() -> None:
+    old = DownloadSigner(["old-secret-0123456789"])
+    rotated = DownloadSigner(["new-secret-0123456789", "old-secret-0123456789"])
+    sig = old.sign("exp-20260101-aaaaaaaaaaaaaaaa", 100)
+    assert rotated.verify("exp-20260101-aaaaaaaaaaaaaaaa", 100, sig)
+    assert not rotated.verify("exp-20260101-aaaaaaaaaaaaaaaa", 101, sig)
+    assert not DownloadSigner(["new-secret-0123456789"]).verify("exp-20260101-aaaaaaaaaaaaaaaa", 100, sig)
+
+
+def test_task_ids_are_unique_and_match_the_contract() -> None:
+    ids = {new_task_id("exp") for _ in range(10_000)}
+    assert len(ids) == 10_000 and all(is_task_id(i) for i in ids)
+    assert is_task_id(new_task_id("report2"))
+    assert not is_task_id("exp-20260101-short")
