@@ -11,6 +11,7 @@ from starlette.routing import Route
 from backend_stub import lifecycle
 from backend_stub.config import BackendConfig
 from backend_stub.files import ResultFiles
+from backend_stub.http_fault import RequestCounter
 from backend_stub.models import COMPLETED, STATUSES, Task
 from backend_stub.store import TaskStore
 from backend_stub.submission import parse_rerun, parse_submission
@@ -23,10 +24,11 @@ MAX_LIST_LIMIT = 500
 
 
 class BackendApi:
-    def __init__(self, config: BackendConfig, store: TaskStore, files: ResultFiles) -> None:
+    def __init__(self, config: BackendConfig, store: TaskStore, files: ResultFiles, counter: RequestCounter) -> None:
         self.config = config
         self.store = store
         self.files = files
+        self.counter = counter
 
     def routes(self) -> list[Route]:
         return [
@@ -40,7 +42,8 @@ class BackendApi:
         ]
 
     async def healthz(self, request: Request) -> Response:
-        return ok({"status": "ok", "store": "redis" if self.config.redis_url else "sqlite"})
+        return ok({"status": "ok", "store": "redis" if self.config.redis_url else "sqlite",
+                   "requests": self.counter.requests})
 
     async def _json(self, request: Request) -> Any:
         body = await read_limited(request.stream(), self.config.max_body_bytes, request.headers.get("content-length"))

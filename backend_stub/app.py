@@ -11,12 +11,13 @@ from backend_stub import janitor
 from backend_stub.api import BackendApi
 from backend_stub.config import BackendConfig
 from backend_stub.files import ResultFiles
+from backend_stub.http_fault import HttpFault, RequestCounter
 from backend_stub.store import open_store
 from backend_stub.worker import Workers
 from exports_common.envelope import exception_handlers
 
 
-def create_app(config: BackendConfig) -> Starlette:
+def create_app(config: BackendConfig) -> HttpFault:
     store = open_store(config)
     files = ResultFiles(config.data_dir)
     workers = Workers(config, store, files)
@@ -33,5 +34,7 @@ def create_app(config: BackendConfig) -> Starlette:
             await workers.stop()
             await store.close()
 
-    return Starlette(routes=BackendApi(config, store, files).routes(), lifespan=lifespan,
-                     exception_handlers=exception_handlers())
+    counter = RequestCounter()
+    api = BackendApi(config, store, files, counter)
+    app = Starlette(routes=api.routes(), lifespan=lifespan, exception_handlers=exception_handlers())
+    return HttpFault(app, config.http_fault, counter)

@@ -36,6 +36,14 @@ class FaultConfig(Strict):
     delay_sec: float = Field(0.0, ge=0.0, description="extra time spread over the render step")
 
 
+class HttpFaultConfig(Strict):
+    """Answers a share of API requests with an error before handling them (fault injection)."""
+
+    error_rate: float = Field(0.0, ge=0.0, le=1.0)
+    status: int = Field(503, ge=500, le=599)
+    path_prefix: str = "/exports"
+
+
 class ExportTypeConfig(Strict):
     dataset: str
     rows: int = Field(100_000, ge=1, le=100_000_000, description="size of the generated data set")
@@ -72,6 +80,7 @@ class BackendConfig(Strict):
     max_timeout_sec: int = Field(3600, ge=1)
     max_body_bytes: int = Field(65_536, ge=1024)
     max_filters_bytes: int = Field(8_192, ge=64)
+    http_fault: HttpFaultConfig = Field(default_factory=HttpFaultConfig)
     export_types: dict[str, ExportTypeConfig]
 
     @model_validator(mode="after")

@@ -90,8 +90,9 @@ def rerun(expected_attempt: int, overrides: dict[str, Any]) -> Change:
         if task.attempt != expected_attempt or not rerunnable(task):
             return None
         attempt = task.attempt + 1
-        return _next(task, status=PENDING, attempt=attempt, base_attempt=attempt, progress=0, current_step=None,
-                     started_at=None, finished_at=None, expire_at=None, result=None, error=None, **overrides)
+        return _next(task, status=PENDING, attempt=attempt, base_attempt=attempt, reruns=task.reruns + 1, progress=0,
+                     current_step=None, started_at=None, finished_at=None, expire_at=None, result=None, error=None,
+                     **overrides)
 
     return change
 

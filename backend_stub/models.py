@@ -34,6 +34,7 @@ class Task:
     # attempts count against max_attempts from here: a re-run starts a fresh allowance
     base_attempt: int = 1
     degraded: bool = False
+    reruns: int = 0
     started_at: float | None = None
     finished_at: float | None = None
     expire_at: float | None = None
@@ -69,6 +70,7 @@ class Task:
             "result": result,
             "error": self.error,
             "degraded": self.degraded,
+            "reruns": self.reruns,
             "callback": self.callback,
             "format": self.format,
             "timeout_sec": self.timeout_sec,

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
+import math
 import logging
 import os
 import re
@@ -33,7 +35,9 @@ from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.response import GatewayResponse
 from gateway.runtime import Runtime, build_runtime, upstreams_of
-from gateway.services import Services, state_stores
+from gateway.breakers import STATES, Breakers
+from gateway.outbox_drainer import OutboxDrainer
+from gateway.services import Services, open_state
 from gateway.signing import DownloadSigner
 from gateway.tenants import TenantDirectory
 from gateway.upstream import AiohttpUpstream, UpstreamError
@@ -43,7 +47,11 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
-def _upstream_error(exc: UpstreamError) -> ApiError:
+def upstream_error(exc: UpstreamError) -> ApiError:
+    if exc.kind == "circuit_open":
+        seconds = str(max(1, math.ceil(exc.retry_after or 1)))
+        return ApiError(ErrorKind.UNAVAILABLE, "the upstream is failing and its circuit breaker is open; "
+                        f"retry after {seconds} s", data={"reason": exc.kind}, headers={"Retry-After": seconds})
     if exc.kind == "timeout":
         return ApiError(ErrorKind.UPSTREAM_TIMEOUT)
     return ApiError(ErrorKind.UPSTREAM_UNREACHABLE, data={"reason": exc.kind})
@@ -77,21 +85,25 @@ class Gateway:
         config = self.initial_config
         metrics, tracer = telemetry.setup("gateway", config.tracing.exporter, config.tracing.sample_ratio)
         redis = aioredis.Redis.from_url(config.redis_url) if config.redis_url else None
-        cache, idempotency = state_stores(redis, config.redis_prefix, config.state_dir)
         pool = max(u.pool_size for u in config.upstreams.values())
         services = Services(
             client=AiohttpUpstream(pool), metrics=metrics, tracer=tracer, tenants=TenantDirectory({}),
             signer=DownloadSigner(config.download_signing.secrets), upstreams=upstreams_of(config),
-            status_cache=cache, idempotency_store=idempotency, redis=redis,
+            state=open_state(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
+            redis=redis,
         )
+        metrics.observe_gauge("gateway_breaker_state", "0 closed, 1 half-open, 2 open", lambda: [
+            (STATES.get(b.state, 2), {"upstream": name}) for name, b in services.breakers.by_upstream.items()])
         self._runtime = build_runtime(config, services)
         watcher = asyncio.create_task(self._watch_config())
+        drainer = asyncio.create_task(OutboxDrainer(lambda: self.runtime.services).run())
         with contextlib.suppress(NotImplementedError, RuntimeError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
         try:
             yield
         finally:
             watcher.cancel()
+            drainer.cancel()
             await services.client.close()
             if redis is not None:
                 await redis.aclose()
@@ -171,7 +183,7 @@ class Gateway:
             return GatewayResponse.error(exc)
         except UpstreamError as exc:
             log.warning("upstream failed", extra={"route": ctx.route_name, "error": str(exc)})
-            return GatewayResponse.error(_upstream_error(exc))
+            return GatewayResponse.error(upstream_error(exc))
         except Exception:
             log.exception("request failed inside the gateway", extra={"route": ctx.route_name})
             return GatewayResponse.error(ApiError(ErrorKind.INTERNAL))
@@ -217,15 +229,22 @@ class Gateway:
 
     async def admin_breakers(self, request: Request) -> Response:
         self._require_admin(request)
-        return ok({})
+        breakers = self.runtime.services.breakers.by_upstream
+        return ok({name: breaker.describe() for name, breaker in breakers.items()})
 
     async def admin_stats(self, request: Request) -> Response:
         self._require_admin(request)
         services = self.runtime.services
+        metrics = services.metrics
         return ok({
-            "status_cache_entries": services.status_cache.size(),
-            "idempotency_keys": services.idempotency_store.size(),
             "pid": os.getpid(),
+            "status_cache": {"entries": services.status_cache.size(), "hits": metrics.cache.total(result="hit"),
+                             "misses": metrics.cache.total(result="miss"),
+                             "coalesced": metrics.cache.total(result="coalesced")},
+            "idempotency_keys": services.idempotency_store.size(),
+            "outbox": {"pending": await services.outbox.size(), "delivered": metrics.outbox.total(outcome="delivered"),
+                       "refused": metrics.outbox.total(outcome="refused")},
+            "retry_budget": {name: dataclasses.asdict(b) for name, b in services.retry_budgets.by_upstream.items()},
         })
 
     async def admin_reload(self, request: Request) -> Response:

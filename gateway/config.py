@@ -147,4 +147,14 @@ class GatewayConfig(Strict):
         names = [r.name for r in self.routes]
         if len(names) != len(set(names)):
             raise ValueError("route names must be unique")
+        breakers: dict[str, tuple[str, BaseModel]] = {}
+        for route in self.routes:
+            for entry in route.plugins:
+                name, settings = plugin_of(entry)
+                if name != "circuit_breaker":
+                    continue
+                first = breakers.setdefault(route.upstream, (route.name, settings))
+                if first[1] != settings:
+                    raise ValueError(f"routes {first[0]!r} and {route.name!r} configure the circuit breaker of "
+                                     f"upstream {route.upstream!r} differently; it is one breaker per upstream")
         return self

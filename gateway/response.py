@@ -6,6 +6,7 @@ the upstream (downloads), which is never held in memory.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
@@ -101,3 +102,16 @@ class GatewayResponse:
             await send({"type": "http.response.body", "body": b""})
         finally:
             self.close()
+
+
+def freeze(resp: GatewayResponse, body: bytes) -> bytes:
+    """A stored copy of an answer: a small JSON head, a newline, then the body as it is."""
+    head = [resp.status, [h for h in resp.headers if h[0] != "content-length"], time.time()]
+    return json.dumps(head).encode() + b"\n" + body
+
+
+def thaw(raw: bytes) -> tuple[GatewayResponse, float]:
+    """The stored answer, and when it was stored (unix seconds)."""
+    head, _, body = raw.partition(b"\n")
+    status, headers, stored_at = json.loads(head)
+    return GatewayResponse(status, [(k, v) for k, v in headers], body), stored_at

@@ -7,7 +7,10 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from opentelemetry.trace import Tracer
 
+from gateway.breakers import Breakers
 from gateway.kv import KeyValue, MemoryKV, RedisKV, SqliteKV
+from gateway.outbox_store import OutboxStore, RedisOutbox, SqliteOutbox
+from gateway.retry_budget import RetryBudgets
 from gateway.signing import DownloadSigner
 from gateway.telemetry import Metrics
 from gateway.tenants import TenantDirectory
@@ -21,6 +24,23 @@ class Upstream:
     timeouts: Timeouts
 
 
+@dataclass(frozen=True)
+class StateStores:
+    status_cache: KeyValue
+    idempotency: KeyValue
+    last_seen: KeyValue
+    outbox: OutboxStore
+
+
+def open_state(redis: aioredis.Redis | None, prefix: str, state_dir: str) -> StateStores:
+    """Redis when configured; else memory for what may be lost, a local file for what may not."""
+    if redis is not None:
+        return StateStores(RedisKV(redis, f"{prefix}:cache:"), RedisKV(redis, f"{prefix}:idem:"),
+                           RedisKV(redis, f"{prefix}:seen:"), RedisOutbox(redis, prefix))
+    path = Path(state_dir) / "gateway.sqlite3"
+    return StateStores(MemoryKV(), SqliteKV(path, "idempotency"), MemoryKV(), SqliteOutbox(path))
+
+
 @dataclass
 class Services:
     client: UpstreamClient
@@ -29,15 +49,20 @@ class Services:
     tenants: TenantDirectory
     signer: DownloadSigner
     upstreams: dict[str, Upstream]
-    status_cache: KeyValue
-    idempotency_store: KeyValue
+    state: StateStores
+    breakers: Breakers
+    retry_budgets: RetryBudgets = field(default_factory=RetryBudgets)
     public_base_url: str = ""
     redis: aioredis.Redis | None = None
-    stats: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def status_cache(self) -> KeyValue:
+        return self.state.status_cache
 
-def state_stores(redis: aioredis.Redis | None, prefix: str, state_dir: str) -> tuple[KeyValue, KeyValue]:
-    """(status cache, idempotency keys): Redis when configured; else memory and a local file."""
-    if redis is not None:
-        return RedisKV(redis, f"{prefix}:cache:"), RedisKV(redis, f"{prefix}:idem:")
-    return MemoryKV(), SqliteKV(Path(state_dir) / "gateway.sqlite3", "idempotency")
+    @property
+    def idempotency_store(self) -> KeyValue:
+        return self.state.idempotency
+
+    @property
+    def outbox(self) -> OutboxStore:
+        return self.state.outbox

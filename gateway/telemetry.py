@@ -8,7 +8,7 @@ here, so the metric names an SRE sees are listed in one place.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, Literal
+from typing import Callable, Iterable, Literal
 
 from opentelemetry import metrics, trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -45,6 +45,7 @@ class Tally:
 
 class Metrics:
     def __init__(self, meter: metrics.Meter) -> None:
+        self.meter = meter
         self.requests = Tally(meter, "gateway_requests", ("route", "status"), "client requests by route and status")
         self.duration = meter.create_histogram("gateway_request_duration", unit="s", description="time to answer")
         self.upstream_calls = Tally(meter, "gateway_upstream_calls", ("upstream", "route", "outcome"),
@@ -52,6 +53,21 @@ class Metrics:
         self.upstream_duration = meter.create_histogram("gateway_upstream_duration", unit="s")
         self.cache = Tally(meter, "gateway_status_cache", ("route", "result"), "status cache lookups by result")
         self.idempotency = Tally(meter, "gateway_idempotency", ("route", "result"), "idempotency-key outcomes")
+        self.retries = Tally(meter, "gateway_retries", ("upstream", "route", "reason"), "retry tries, by cause")
+        self.retry_budget_exhausted = Tally(meter, "gateway_retry_budget_exhausted", ("upstream", "route"),
+                                            "retries not made because the budget was used up")
+        self.breaker_transitions = Tally(meter, "gateway_breaker_transitions", ("upstream", "state"),
+                                         "circuit breaker state changes, by new state")
+        self.degraded = Tally(meter, "gateway_degraded_answers", ("route", "kind"),
+                              "answers from degradation: stale status, outbox, reject, unavailable")
+        self.outbox = Tally(meter, "gateway_outbox", ("outcome",), "outboxed submissions delivered or refused")
+        self.reruns = Tally(meter, "gateway_reruns", ("route", "outcome"), "TIMEOUT/FAILED re-runs asked for")
+
+
+    def observe_gauge(self, name: str, description: str,
+                      read: Callable[[], Iterable[tuple[float, dict[str, str]]]]) -> None:
+        self.meter.create_observable_gauge(name, description=description, callbacks=[
+            lambda options: [Observation(value, attrs) for value, attrs in read()]])
 
 
 def _sampler(exporter: str, ratio: float) -> Sampler:

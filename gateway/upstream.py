@@ -16,7 +16,7 @@ import aiohttp
 
 from gateway.response import GatewayResponse
 
-FailureKind = Literal["connect_error", "timeout", "reset"]
+FailureKind = Literal["connect_error", "timeout", "reset", "circuit_open"]
 CHUNK = 64 * 1024
 
 
@@ -27,9 +27,12 @@ class Timeouts:
 
 
 class UpstreamError(Exception):
-    def __init__(self, kind: FailureKind, detail: str) -> None:
+    """The upstream gave no usable answer; `retry_after` says when trying again makes sense."""
+
+    def __init__(self, kind: FailureKind, detail: str, retry_after: float | None = None) -> None:
         super().__init__(f"{kind}: {detail}")
         self.kind = kind
+        self.retry_after = retry_after
 
 
 Body = bytes | AsyncIterator[bytes] | None

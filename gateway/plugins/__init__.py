@@ -2,10 +2,20 @@
 from __future__ import annotations
 
 from gateway.plugins.auth import Auth
+from gateway.plugins.circuit_breaker import CircuitBreaker
+from gateway.plugins.fault import Fault
 from gateway.plugins.idempotency import Idempotency
+from gateway.plugins.outbox import Outbox
+from gateway.plugins.rerun import Rerun
+from gateway.plugins.retry import Retry
 from gateway.plugins.signed_download import SignedDownload
+from gateway.plugins.stale_if_error import StaleIfError
 from gateway.plugins.status_cache import StatusCache
 from gateway.plugins.task_id import TaskId
+from gateway.plugins.timeout import Timeout
 from gateway.plugins.validate import Validate
 
-PLUGINS = {cls.name: cls for cls in (Auth, Validate, Idempotency, TaskId, StatusCache, SignedDownload)}
+PLUGINS = {cls.name: cls for cls in (
+    Auth, Validate, Idempotency, TaskId, StatusCache, SignedDownload,
+    Rerun, StaleIfError, Outbox, Timeout, Retry, CircuitBreaker, Fault,
+)}

@@ -7,10 +7,8 @@ to 30 s with the task's age, so well-behaved clients poll less as a task runs lo
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
-from dataclasses import dataclass
 from typing import ClassVar
 
 from pydantic import Field
@@ -18,7 +16,7 @@ from pydantic import Field
 from exports_common.timefmt import parse_rfc3339
 from gateway.context import Handler, RequestContext
 from gateway.plugins.base import Settings
-from gateway.response import GatewayResponse
+from gateway.response import GatewayResponse, freeze, thaw
 from gateway.services import Services
 
 TERMINAL = ["COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"]
@@ -32,31 +30,17 @@ class StatusCacheSettings(Settings):
     poll_max_sec: int = Field(30, ge=1)
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    status: int
-    headers: tuple[tuple[str, str], ...]
-    body: bytes
-
-    def response(self, cache: str) -> GatewayResponse:
-        return GatewayResponse(self.status, list(self.headers) + [("x-cache", cache)], self.body)
-
-    def encode(self) -> bytes:
-        # a small JSON head, a newline, then the body as it is: a hit decodes only the head
-        return json.dumps([self.status, self.headers]).encode() + b"\n" + self.body
-
-    @classmethod
-    def decode(cls, raw: bytes) -> "Snapshot":
-        head, _, body = raw.partition(b"\n")
-        status, headers = json.loads(head)
-        return cls(status, tuple((k, v) for k, v in headers), body)
-
-
 def poll_interval(age_sec: float, initial: int, maximum: int) -> int:
     """initial, doubling each time the age doubles: 1 s under 2 s of age, 2 s under 4 s, ... capped."""
     if age_sec < 2 * initial:
         return initial
     return min(maximum, initial * 2 ** int(math.log2(age_sec / initial)))
+
+
+def _answer(snapshot: bytes, cache: str) -> GatewayResponse:
+    resp, _ = thaw(snapshot)
+    resp.set_header("x-cache", cache)
+    return resp
 
 
 class StatusCache:
@@ -70,29 +54,29 @@ class StatusCache:
         self.store = services.status_cache
         self.metrics = services.metrics
         self.route = route
-        self._in_flight: dict[str, asyncio.Future[Snapshot]] = {}
+        self._in_flight: dict[str, asyncio.Future[bytes]] = {}
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         key = f"{ctx.tenant or '-'}:{ctx.params.get(self.settings.param, '')}"
         raw = await self.store.get(key)
         if raw is not None:
             self.metrics.cache.add(self.route, "hit")
-            return Snapshot.decode(raw).response("HIT")
+            return _answer(raw, "HIT")
         leader = self._in_flight.get(key)
         if leader is not None:
             try:
-                snapshot = await asyncio.shield(leader)
+                shared = await asyncio.shield(leader)
                 self.metrics.cache.add(self.route, "coalesced")
-                return snapshot.response("MISS")
+                return _answer(shared, "MISS")
             except asyncio.CancelledError:
                 if not leader.cancelled():
                     raise
                 # the leader's client went away: fetch for ourselves
         self.metrics.cache.add(self.route, "miss")
-        return (await self._fetch(ctx, key)).response("MISS")
+        return _answer(await self._fetch(ctx, key), "MISS")
 
-    async def _fetch(self, ctx: RequestContext, key: str) -> Snapshot:
-        future: asyncio.Future[Snapshot] = asyncio.get_running_loop().create_future()
+    async def _fetch(self, ctx: RequestContext, key: str) -> bytes:
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._in_flight[key] = future
         try:
             snapshot = await self._snapshot(await self.next(ctx), key)
@@ -108,7 +92,7 @@ class StatusCache:
         future.set_result(snapshot)
         return snapshot
 
-    async def _snapshot(self, resp: GatewayResponse, key: str) -> Snapshot:
+    async def _snapshot(self, resp: GatewayResponse, key: str) -> bytes:
         doc = await resp.json() if resp.status == 200 else None
         data = doc.get("data") if isinstance(doc, dict) else None
         status = data.get("status") if isinstance(data, dict) else None
@@ -116,8 +100,7 @@ class StatusCache:
             age = max(0.0, time.time() - parse_rfc3339(data["created_at"]))
             resp.set_header("retry-after", str(poll_interval(age, self.settings.poll_initial_sec,
                                                              self.settings.poll_max_sec)))
-        snapshot = Snapshot(resp.status, tuple(h for h in resp.headers if h[0] != "content-length"),
-                            await resp.read())
+        snapshot = freeze(resp, await resp.read())
         if status in self.terminal:
-            await self.store.set(key, snapshot.encode(), self.settings.ttl_sec)
+            await self.store.set(key, snapshot, self.settings.ttl_sec)
         return snapshot

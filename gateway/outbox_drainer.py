@@ -1,0 +1,80 @@
+"""Delivers outboxed submissions, oldest first, once the upstream answers again.
+
+Deliveries go through the upstream's breaker like any call, so with no client
+traffic at all the drainer itself is the trial request that closes it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from typing import Callable
+
+from gateway.breakers import guarded
+from gateway.outbox_store import OutboxItem
+from gateway.response import GatewayResponse
+from gateway.services import Services
+from gateway.upstream import UpstreamError
+
+log = logging.getLogger("gateway.outbox")
+FAILURE_STATUSES = frozenset({500, 502, 503, 504})
+
+
+class OutboxDrainer:
+    def __init__(self, services: Callable[[], Services], interval_sec: float = 0.5, max_backoff_sec: float = 5.0):
+        self.services = services
+        self.interval = interval_sec
+        self.max_backoff = max_backoff_sec
+        self.owner = f"{socket.gethostname()}-{os.getpid()}"
+
+    async def run(self) -> None:
+        delay = self.interval
+        while True:
+            try:
+                ok = await self.drain_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("outbox drain failed; will try again")
+                ok = False
+            delay = self.interval if ok else min(self.max_backoff, delay * 2)
+            await asyncio.sleep(delay)
+
+    async def drain_once(self) -> bool:
+        """Deliver what can be delivered; False when the upstream is still failing."""
+        services = self.services()
+        outbox = services.outbox
+        if not await outbox.lock(self.owner, ttl=10 * self.max_backoff):
+            return True
+        while (item := await outbox.oldest()) is not None:
+            if not await self._deliver(services, item):
+                return False
+            await outbox.remove(item.task_id)
+        return True
+
+    async def _deliver(self, services: Services, item: OutboxItem) -> bool:
+        upstream = services.upstreams.get(item.upstream)
+        if upstream is None:
+            log.error("outboxed submission names an upstream the config no longer has; kept",
+                      extra={"task_id": item.task_id, "upstream": item.upstream})
+            return False
+
+        async def call() -> GatewayResponse:
+            return await services.client.request(item.method, upstream.url + item.path, item.headers,
+                                                 item.body_bytes, upstream.timeouts)
+
+        breaker = services.breakers.by_upstream.get(item.upstream)
+        try:
+            resp = await (guarded(breaker, call, FAILURE_STATUSES) if breaker else call())
+            await resp.read()
+        except UpstreamError as exc:
+            log.info("outbox delivery deferred", extra={"task_id": item.task_id, "error": str(exc)})
+            return False
+        if resp.status >= 500:
+            return False
+        outcome = "delivered" if resp.status < 400 else "refused"
+        services.metrics.outbox.add(outcome)
+        level = logging.INFO if outcome == "delivered" else logging.ERROR
+        log.log(level, f"outboxed submission {outcome}", extra={"task_id": item.task_id, "status": resp.status})
+        return True

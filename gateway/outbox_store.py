@@ -1,0 +1,140 @@
+"""The outbox: submissions accepted while the upstream was down, kept durably and delivered in order.
+
+A local SQLite file by default (nothing lost across a gateway restart), Redis when
+configured (shared by the gateway processes; a lock lets one of them drain at a
+time, which keeps the order). Redelivery is safe: the backend's create is
+idempotent by task id.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import sqlite3
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+import redis.asyncio as aioredis
+
+
+@dataclass(frozen=True)
+class OutboxItem:
+    task_id: str
+    tenant: str
+    upstream: str
+    method: str
+    path: str
+    headers: list[tuple[str, str]]
+    body: str  # base64
+    created_at: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> "OutboxItem":
+        data = json.loads(raw)
+        data["headers"] = [tuple(h) for h in data["headers"]]
+        return cls(**data)
+
+    @property
+    def body_bytes(self) -> bytes:
+        return base64.b64decode(self.body)
+
+
+class OutboxStore(Protocol):
+    async def put(self, item: OutboxItem) -> None: ...
+
+    async def find(self, tenant: str, task_id: str) -> OutboxItem | None: ...
+
+    async def oldest(self) -> OutboxItem | None: ...
+
+    async def remove(self, task_id: str) -> None: ...
+
+    async def size(self) -> int: ...
+
+    async def lock(self, owner: str, ttl: float) -> bool:
+        """Take or extend the right to drain; False while another process holds it."""
+
+
+class SqliteOutbox:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+                        "task_id TEXT UNIQUE NOT NULL, tenant TEXT NOT NULL, item TEXT NOT NULL)")
+
+    async def put(self, item: OutboxItem) -> None:
+        self.db.execute("INSERT OR IGNORE INTO outbox (task_id, tenant, item) VALUES (?,?,?)",
+                        (item.task_id, item.tenant, item.to_json()))
+
+    async def find(self, tenant: str, task_id: str) -> OutboxItem | None:
+        row = self.db.execute("SELECT item FROM outbox WHERE task_id = ? AND tenant = ?", (task_id, tenant)).fetchone()
+        return OutboxItem.from_json(row[0]) if row else None
+
+    async def oldest(self) -> OutboxItem | None:
+        row = self.db.execute("SELECT item FROM outbox ORDER BY seq LIMIT 1").fetchone()
+        return OutboxItem.from_json(row[0]) if row else None
+
+    async def remove(self, task_id: str) -> None:
+        self.db.execute("DELETE FROM outbox WHERE task_id = ?", (task_id,))
+
+    async def size(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM outbox").fetchone()[0])
+
+    async def lock(self, owner: str, ttl: float) -> bool:
+        return True  # the file belongs to this process
+
+
+class RedisOutbox:
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self.redis = client
+        self.order = f"{prefix}:outbox:order"
+        self.items = f"{prefix}:outbox:items"
+        self.lock_key = f"{prefix}:outbox:lock"
+
+    async def put(self, item: OutboxItem) -> None:
+        if await self.redis.hsetnx(self.items, item.task_id, item.to_json()):
+            await self.redis.rpush(self.order, item.task_id)
+
+    async def find(self, tenant: str, task_id: str) -> OutboxItem | None:
+        raw = await self.redis.hget(self.items, task_id)
+        item = OutboxItem.from_json(raw) if raw else None
+        return item if item is not None and item.tenant == tenant else None
+
+    async def oldest(self) -> OutboxItem | None:
+        task_id = await self.redis.lindex(self.order, 0)
+        if task_id is None:
+            return None
+        raw = await self.redis.hget(self.items, task_id)
+        if raw is None:
+            await self.redis.lrem(self.order, 1, task_id)
+            return await self.oldest()
+        return OutboxItem.from_json(raw)
+
+    async def remove(self, task_id: str) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lrem(self.order, 1, task_id)
+            pipe.hdel(self.items, task_id)
+            await pipe.execute()
+
+    async def size(self) -> int:
+        return int(await self.redis.llen(self.order))
+
+    async def lock(self, owner: str, ttl: float) -> bool:
+        px = max(1, int(ttl * 1000))
+        if await self.redis.set(self.lock_key, owner, nx=True, px=px):
+            return True
+        current = await self.redis.get(self.lock_key)
+        holder = current.decode() if isinstance(current, bytes) else current
+        if holder == owner:
+            await self.redis.pexpire(self.lock_key, px)
+            return True
+        return False
+
+
+def new_item(task_id: str, tenant: str, upstream: str, method: str, path: str, headers: list[tuple[str, str]],
+             body: bytes) -> OutboxItem:
+    return OutboxItem(task_id, tenant, upstream, method, path, headers, base64.b64encode(body).decode(), time.time())

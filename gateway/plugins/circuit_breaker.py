@@ -1,0 +1,46 @@
+"""circuit_breaker: one breaker per upstream; while it is open, calls fail at once without touching it.
+
+`fail_max` consecutive failures open it; after `reset_timeout_sec` one trial
+request goes through (the others are refused at once) and its success closes it.
+Failures are connect errors, timeouts, resets and the listed statuses; a 4xx
+never counts, and neither does a client that goes away.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field, field_validator
+
+from gateway.breakers import guarded
+from gateway.context import Handler, RequestContext
+from gateway.plugins.base import Settings
+from gateway.response import GatewayResponse
+from gateway.services import Services
+
+
+class CircuitBreakerSettings(Settings):
+    fail_max: int = Field(5, ge=1, description="consecutive failures that open the breaker")
+    reset_timeout_sec: float = Field(10.0, gt=0, description="how long it stays open before one trial")
+    failure_statuses: list[int] = Field(default_factory=lambda: [500, 502, 503, 504])
+
+    @field_validator("failure_statuses")
+    @classmethod
+    def _server_errors_only(cls, value: list[int]) -> list[int]:
+        if any(not 500 <= s <= 599 for s in value):
+            raise ValueError("only 5xx statuses may count as failures; a 4xx is the client's doing")
+        return value
+
+
+class CircuitBreaker:
+    name: ClassVar[str] = "circuit_breaker"
+    Settings: ClassVar[type[CircuitBreakerSettings]] = CircuitBreakerSettings
+
+    def __init__(self, next: Handler, settings: CircuitBreakerSettings, services: Services, route: str) -> None:
+        self.next = next
+        self.settings = settings
+        self.failures = frozenset(settings.failure_statuses)
+        self.breakers = services.breakers
+
+    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
+        breaker = self.breakers.get(ctx.upstream, self.settings.fail_max, self.settings.reset_timeout_sec)
+        return await guarded(breaker, lambda: self.next(ctx), self.failures)

@@ -1,0 +1,101 @@
+"""outbox: a submit is never lost to an unreachable upstream.
+
+On a submit that fails with a connect error, timeout, open breaker or 502-504,
+`mode: outbox` stores the request durably and answers 202 with
+`"degraded": true`; the gateway delivers it in order once the upstream is back
+(the task keeps its id; the upstream's create is idempotent by id).
+`mode: reject` answers 503 with `Retry-After` instead. On a status route the
+same plugin answers PENDING for a task still waiting in the outbox.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from exports_common.errors import ApiError, ErrorKind
+from exports_common.timefmt import rfc3339
+from gateway.context import Handler, RequestContext
+from gateway.outbox_store import OutboxItem, new_item
+from gateway.plugins.base import Settings
+from gateway.proxy import upstream_headers
+from gateway.response import GatewayResponse
+from gateway.services import Services
+from gateway.upstream import UpstreamError
+
+UNAVAILABLE = frozenset({502, 503, 504})
+
+
+class OutboxSettings(Settings):
+    mode: Literal["outbox", "reject"] = "outbox"
+    retry_after_sec: int = Field(5, ge=1, description="reject: Retry-After when no breaker says better")
+    param: str = Field("task_id", description="status routes: the path parameter naming the task")
+
+
+def pending_task(item: OutboxItem, body: Any) -> dict[str, Any]:
+    created = rfc3339(item.created_at)
+    return {
+        "task_id": item.task_id, "export_type": body.get("export_type") if isinstance(body, dict) else None,
+        "status": "PENDING", "progress": 0, "current_step": None, "attempt": 1, "created_at": created,
+        "updated_at": created, "result": None, "error": None, "degraded": True, "callback": None,
+    }
+
+
+class Outbox:
+    name: ClassVar[str] = "outbox"
+    Settings: ClassVar[type[OutboxSettings]] = OutboxSettings
+
+    def __init__(self, next: Handler, settings: OutboxSettings, services: Services, route: str) -> None:
+        self.next = next
+        self.settings = settings
+        self.store = services.outbox
+        self.metrics = services.metrics
+        self.route = route
+
+    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
+        if ctx.method in ("GET", "HEAD"):
+            return await self._status(ctx)
+        try:
+            resp = await self.next(ctx)
+        except UpstreamError as exc:
+            return await self._degrade(ctx, exc.retry_after)
+        if resp.status in UNAVAILABLE:
+            resp.close()
+            return await self._degrade(ctx, None)
+        return resp
+
+    async def _degrade(self, ctx: RequestContext, retry_after: float | None) -> GatewayResponse:
+        if self.settings.mode == "reject" or ctx.task_id is None or ctx.tenant is None:
+            self.metrics.degraded.add(self.route, "reject")
+            seconds = str(max(1, math.ceil(retry_after or self.settings.retry_after_sec)))
+            raise ApiError(ErrorKind.UNAVAILABLE, f"the export service is unavailable; retry after {seconds} s",
+                           headers={"Retry-After": seconds})
+        headers = [(k, v) for k, v in upstream_headers(ctx) if k != "x-gateway-attempt"]
+        item = new_item(ctx.task_id, ctx.tenant, ctx.upstream, ctx.method, ctx.upstream_path, headers,
+                        ctx.body or b"")
+        await self.store.put(item)
+        self.metrics.degraded.add(self.route, "outbox")
+        return GatewayResponse.envelope(pending_task(item, ctx.json), status=202)
+
+    async def _status(self, ctx: RequestContext) -> GatewayResponse:
+        task_id = ctx.params.get(self.settings.param, "")
+        try:
+            resp = await self.next(ctx)
+        except UpstreamError:
+            item = await self.store.find(ctx.tenant or "", task_id)
+            if item is None:
+                raise
+            return self._pending(item)
+        if resp.status == 404:
+            item = await self.store.find(ctx.tenant or "", task_id)
+            if item is not None:
+                resp.close()
+                return self._pending(item)
+        return resp
+
+    def _pending(self, item: OutboxItem) -> GatewayResponse:
+        self.metrics.degraded.add(self.route, "outbox_pending")
+        body = json.loads(item.body_bytes or b"{}")
+        return GatewayResponse.envelope(pending_task(item, body), headers={"Retry-After": "1"})

@@ -1,0 +1,136 @@
+"""retry: idempotent requests are tried again on connect errors, timeouts, resets and chosen statuses.
+
+Idempotent means GET, HEAD, or a request that carries the gateway's task id
+(a submit: the backend's create is idempotent by task id). Backoff is
+exponential with full jitter; an upstream `Retry-After` is honoured when it fits
+in what is left of the total deadline. A retry budget per upstream caps retries
+in flight at a share of requests in flight, so a failing upstream is not hit
+with three times its load.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from exports_common.json_body import read_limited
+from gateway.context import Handler, RequestContext
+from gateway.plugins.base import Settings
+from gateway.response import GatewayResponse
+from gateway.retry_budget import RetryBudget
+from gateway.services import Services
+from gateway.upstream import UpstreamError
+
+Reason = Literal["connect_error", "timeout", "reset"] | int
+
+
+class BackoffSettings(Settings):
+    initial: float = Field(0.05, ge=0, description="seconds before the first retry (upper bound of the jitter)")
+    max: float = Field(2.0, ge=0)
+    multiplier: float = Field(2.0, ge=1)
+
+
+class BudgetSettings(Settings):
+    ratio: float = Field(0.2, ge=0, le=1, description="retries in flight per request in flight, per upstream")
+    min_concurrent: int = Field(3, ge=0, description="retries allowed in flight whatever the load")
+
+
+class RetrySettings(Settings):
+    attempts: int = Field(3, ge=1, le=10, description="total tries, the first included")
+    backoff: BackoffSettings = Field(default_factory=BackoffSettings)
+    retry_on: list[Reason] = Field(default_factory=lambda: ["connect_error", "timeout", "reset", 502, 503, 504])
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    max_body_bytes: int = Field(1_048_576, ge=0, description="a body is kept to be sent again up to this size")
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(value.strip())
+
+
+class Retry:
+    name: ClassVar[str] = "retry"
+    Settings: ClassVar[type[RetrySettings]] = RetrySettings
+
+    def __init__(self, next: Handler, settings: RetrySettings, services: Services, route: str) -> None:
+        self.next = next
+        self.settings = settings
+        self.services = services
+        self.route = route
+        self.kinds = {r for r in settings.retry_on if isinstance(r, str)}
+        self.statuses = {r for r in settings.retry_on if isinstance(r, int)}
+
+    def _idempotent(self, ctx: RequestContext) -> bool:
+        return ctx.method in ("GET", "HEAD") or "x-task-id" in ctx.upstream_headers
+
+    def _backoff(self, retry: int) -> float:
+        b = self.settings.backoff
+        return random.uniform(0, min(b.max, b.initial * b.multiplier ** (retry - 1)))
+
+    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
+        if self.settings.attempts == 1 or not self._idempotent(ctx):
+            return await self.next(ctx)
+        if ctx.body is None and ctx.method not in ("GET", "HEAD"):
+            ctx.body = await read_limited(ctx.request.stream(), self.settings.max_body_bytes,
+                                          ctx.request.headers.get("content-length"))
+        budget = self.services.retry_budgets.get(ctx.upstream)
+        with budget.request():
+            return await self._tries(ctx, budget)
+
+    async def _tries(self, ctx: RequestContext, budget: RetryBudget) -> GatewayResponse:
+        holding = False
+        attempt = 0
+        try:
+            while True:
+                attempt += 1
+                ctx.attempt = attempt
+                ctx.upstream_headers["x-gateway-attempt"] = str(attempt)
+                ctx.response_headers["x-gateway-attempts"] = str(attempt)
+                resp, reason, hint = await self._try(ctx)
+                if holding:
+                    budget.release()
+                    holding = False
+                if reason is None or attempt == self.settings.attempts:
+                    return self._result(resp)
+                delay = self._delay(ctx, attempt, hint)
+                if delay is None or not budget.try_acquire(self.settings.budget.ratio,
+                                                           self.settings.budget.min_concurrent):
+                    if delay is not None:
+                        self.services.metrics.retry_budget_exhausted.add(ctx.upstream, self.route)
+                    return self._result(resp)
+                holding = True
+                self.services.metrics.retries.add(ctx.upstream, self.route, str(reason))
+                if isinstance(resp, GatewayResponse):
+                    resp.close()
+                await asyncio.sleep(delay)
+        finally:
+            if holding:
+                budget.release()
+
+    async def _try(self, ctx: RequestContext) -> tuple[GatewayResponse | UpstreamError, object, float | None]:
+        """(answer or failure, why it is worth retrying or None, the upstream's Retry-After)."""
+        try:
+            resp = await self.next(ctx)
+        except UpstreamError as exc:
+            return exc, (exc.kind if exc.kind in self.kinds else None), None
+        if resp.status in self.statuses:
+            return resp, resp.status, retry_after_seconds(resp.header("retry-after"))
+        return resp, None, None
+
+    def _delay(self, ctx: RequestContext, attempt: int, hint: float | None) -> float | None:
+        """Seconds to wait before the next try, or None when it would not fit in the total deadline."""
+        delay = hint if hint is not None else self._backoff(attempt)
+        if ctx.deadline is not None and time.monotonic() + delay >= ctx.deadline:
+            return None
+        return delay
+
+    @staticmethod
+    def _result(resp: GatewayResponse | UpstreamError) -> GatewayResponse:
+        if isinstance(resp, UpstreamError):
+            raise resp
+        return resp
+

@@ -1,0 +1,67 @@
+"""stale_if_error: when the upstream cannot answer a status read, answer the last state seen.
+
+Every 200 is remembered (per tenant and task, for `keep_sec`, bounded). On a
+connect error, timeout, open breaker or 5xx the remembered answer is served with
+`X-Degraded: stale` and `Age`; with nothing remembered, 503 with `Retry-After`
+(the seconds until the breaker's trial when it is open).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import ClassVar
+
+from pydantic import Field
+
+from exports_common.errors import ApiError, ErrorKind
+from gateway.context import Handler, RequestContext
+from gateway.plugins.base import Settings
+from gateway.response import GatewayResponse, freeze, thaw
+from gateway.services import Services
+from gateway.upstream import UpstreamError
+
+
+class StaleIfErrorSettings(Settings):
+    keep_sec: float = Field(3600.0, gt=0, description="how long the last answer seen is kept")
+    param: str = "task_id"
+    on_statuses: list[int] = Field(default_factory=lambda: [500, 502, 503, 504])
+    retry_after_sec: int = Field(5, ge=1, description="Retry-After on a 503 when no breaker says better")
+
+
+class StaleIfError:
+    name: ClassVar[str] = "stale_if_error"
+    Settings: ClassVar[type[StaleIfErrorSettings]] = StaleIfErrorSettings
+
+    def __init__(self, next: Handler, settings: StaleIfErrorSettings, services: Services, route: str) -> None:
+        self.next = next
+        self.settings = settings
+        self.store = services.state.last_seen
+        self.metrics = services.metrics
+        self.route = route
+        self.on_statuses = frozenset(settings.on_statuses)
+
+    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
+        key = f"{ctx.tenant or '-'}:{ctx.params.get(self.settings.param, '')}"
+        try:
+            resp = await self.next(ctx)
+        except UpstreamError as exc:
+            return await self._fallback(key, exc.retry_after)
+        if resp.status == 200:
+            await self.store.set(key, freeze(resp, await resp.read()), self.settings.keep_sec)
+        elif resp.status in self.on_statuses:
+            resp.close()
+            return await self._fallback(key, None)
+        return resp
+
+    async def _fallback(self, key: str, retry_after: float | None) -> GatewayResponse:
+        raw = await self.store.get(key)
+        if raw is None:
+            self.metrics.degraded.add(self.route, "unavailable")
+            seconds = str(max(1, math.ceil(retry_after or self.settings.retry_after_sec)))
+            raise ApiError(ErrorKind.UNAVAILABLE, "the upstream cannot answer and no earlier state is known; "
+                           f"retry after {seconds} s", headers={"Retry-After": seconds})
+        self.metrics.degraded.add(self.route, "stale")
+        resp, stored_at = thaw(raw)
+        resp.set_header("x-degraded", "stale")
+        resp.set_header("age", str(max(0, int(time.time() - stored_at))))
+        return resp
