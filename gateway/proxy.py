@@ -15,6 +15,7 @@ from exports_common.errors import ApiError, ErrorKind
 from gateway.context import RequestContext
 from gateway.response import GatewayResponse
 from gateway.services import Services, Upstream
+from gateway.upstream import Timeouts, UpstreamError
 
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
@@ -94,6 +95,16 @@ class Proxy:
             raise too_large(self.max_body_bytes)
         return LimitedBody(ctx.request.stream(), self.max_body_bytes)
 
+    def _timeouts(self, ctx: RequestContext) -> Timeouts:
+        """Per-try bounds, cut to what is left of the request's total so a late try fails as a timeout."""
+        timeouts = ctx.timeouts or self.upstream.timeouts
+        if ctx.deadline is None:
+            return timeouts
+        left = ctx.deadline - time.monotonic()
+        if left <= 0:
+            raise UpstreamError("timeout", "the request's total time ran out before this try")
+        return Timeouts(connect=min(timeouts.connect, left), read=min(timeouts.read, left))
+
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         query = ctx.request.scope["query_string"].decode("latin-1") if ctx.query is None else ctx.query
         url = f"{self.upstream.url}{ctx.upstream_path}" + (f"?{query}" if query else "")
@@ -105,7 +116,7 @@ class Proxy:
                                                                     "url.full": url}) as span:
             try:
                 resp = await self.services.client.request(ctx.method, url, upstream_headers(ctx), body,
-                                                          ctx.timeouts or self.upstream.timeouts)
+                                                          self._timeouts(ctx))
             except Exception as exc:
                 if isinstance(body, LimitedBody) and body.exceeded:
                     raise too_large(self.max_body_bytes) from exc

@@ -82,37 +82,38 @@ class Retry:
             return await self._tries(ctx, budget)
 
     async def _tries(self, ctx: RequestContext, budget: RetryBudget) -> GatewayResponse:
-        holding = False
-        attempt = 0
-        try:
-            while True:
-                attempt += 1
-                ctx.attempt = attempt
-                ctx.upstream_headers["x-gateway-attempt"] = str(attempt)
-                ctx.response_headers["x-gateway-attempts"] = str(attempt)
-                resp, reason, hint = await self._try(ctx)
-                if holding:
-                    budget.release()
-                    holding = False
-                if reason is None or attempt == self.settings.attempts:
-                    return self._result(resp)
-                delay = self._delay(ctx, attempt, hint)
-                if delay is None or not budget.try_acquire(self.settings.budget.ratio,
-                                                           self.settings.budget.min_concurrent):
-                    if delay is not None:
-                        self.services.metrics.retry_budget_exhausted.add(ctx.upstream, self.route)
-                    return self._result(resp)
-                holding = True
-                self.services.metrics.retries.add(ctx.upstream, self.route, str(reason))
-                if isinstance(resp, GatewayResponse):
-                    resp.close()
-                await asyncio.sleep(delay)
-        finally:
-            if holding:
-                budget.release()
+        """Try, and while the answer is worth retrying and time and budget allow, back off and try again.
 
-    async def _try(self, ctx: RequestContext) -> tuple[GatewayResponse | UpstreamError, object, float | None]:
+        A retry holds a place in the budget only while it is in flight, as in Envoy.
+        """
+        attempt = 1
+        result, reason, hint = await self._try(ctx, attempt)
+        while reason is not None and attempt < self.settings.attempts:
+            delay = self._delay(ctx, attempt, hint)
+            if delay is None:
+                break
+            await asyncio.sleep(delay)
+            if not budget.try_acquire(self.settings.budget.ratio, self.settings.budget.min_concurrent):
+                self.services.metrics.retry_budget_exhausted.add(ctx.upstream, self.route)
+                break
+            if isinstance(result, GatewayResponse):
+                result.close()
+            self.services.metrics.retries.add(ctx.upstream, self.route, str(reason))
+            attempt += 1
+            try:
+                result, reason, hint = await self._try(ctx, attempt)
+            finally:
+                budget.release()
+        if isinstance(result, UpstreamError):
+            raise result
+        return result
+
+    async def _try(self, ctx: RequestContext, attempt: int
+                   ) -> tuple[GatewayResponse | UpstreamError, object, float | None]:
         """(answer or failure, why it is worth retrying or None, the upstream's Retry-After)."""
+        ctx.attempt = attempt
+        ctx.upstream_headers["x-gateway-attempt"] = str(attempt)
+        ctx.response_headers["x-gateway-attempts"] = str(attempt)
         try:
             resp = await self.next(ctx)
         except UpstreamError as exc:
@@ -127,10 +128,3 @@ class Retry:
         if ctx.deadline is not None and time.monotonic() + delay >= ctx.deadline:
             return None
         return delay
-
-    @staticmethod
-    def _result(resp: GatewayResponse | UpstreamError) -> GatewayResponse:
-        if isinstance(resp, UpstreamError):
-            raise resp
-        return resp
-

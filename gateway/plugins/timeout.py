@@ -1,8 +1,9 @@
 """timeout: `connect` and `read` bound each try; `total` bounds the whole request, all tries included.
 
-The per-try bounds go to the upstream client through the context. The socket
-read timeout bounds each read, not a whole answer, so `total` is a deadline of
-its own around the rest of the chain: past it, the request fails as a timeout.
+The per-try bounds go to the upstream client through the context, cut to what
+is left of `total`, so a try that runs into the deadline fails as a timeout (and
+counts as one for the breaker). A socket read timeout bounds each read, not a
+whole answer, so a deadline of its own (a little after `total`) backs that up.
 It bounds the time to the answer's headers (and to JSON bodies the plugins
 read); a download streams on after that for as long as it takes.
 """
@@ -19,6 +20,9 @@ from gateway.plugins.base import Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
 from gateway.upstream import Timeouts, UpstreamError
+
+
+BACKSTOP_SEC = 0.25
 
 
 class TimeoutSettings(Settings):
@@ -40,7 +44,7 @@ class Timeout:
         ctx.timeouts = self.per_try
         ctx.deadline = time.monotonic() + self.settings.total
         try:
-            async with asyncio.timeout(self.settings.total):
+            async with asyncio.timeout(self.settings.total + BACKSTOP_SEC):
                 return await self.next(ctx)
         except TimeoutError as exc:
             raise UpstreamError("timeout", f"no answer within the route's total of {self.settings.total} s") from exc
