@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hmac
 import math
 import logging
@@ -182,7 +181,9 @@ class Gateway:
         except ApiError as exc:
             return GatewayResponse.error(exc)
         except UpstreamError as exc:
-            log.warning("upstream failed", extra={"route": ctx.route_name, "error": str(exc)})
+            # an open breaker is logged once, when it opens, not for every call it refuses
+            level = logging.DEBUG if exc.kind == "circuit_open" else logging.WARNING
+            log.log(level, "upstream failed", extra={"route": ctx.route_name, "error": str(exc)})
             return GatewayResponse.error(upstream_error(exc))
         except Exception:
             log.exception("request failed inside the gateway", extra={"route": ctx.route_name})
@@ -244,7 +245,7 @@ class Gateway:
             "idempotency_keys": services.idempotency_store.size(),
             "outbox": {"pending": await services.outbox.size(), "delivered": metrics.outbox.total(outcome="delivered"),
                        "refused": metrics.outbox.total(outcome="refused")},
-            "retry_budget": {name: dataclasses.asdict(b) for name, b in services.retry_budgets.by_upstream.items()},
+            "retry_budget": {name: b.describe() for name, b in services.retry_budgets.by_upstream.items()},
         })
 
     async def admin_reload(self, request: Request) -> Response:

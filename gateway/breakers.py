@@ -84,7 +84,10 @@ class _FailedStatus(Exception):
 async def guarded(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse]],
                   failure_statuses: frozenset[int]) -> GatewayResponse:
     """Make `call` through the breaker: an open breaker answers at once, 5xx answers count as failures."""
-    if breaker.state == "half-open" and breaker.trial_in_flight:
+    state = breaker.state
+    if state == "open" and (wait := breaker.seconds_to_trial()) > 0:
+        raise UpstreamError("circuit_open", "the circuit breaker is open", retry_after=wait)
+    if state == "half-open" and breaker.trial_in_flight:
         raise UpstreamError("circuit_open", "a trial request is testing the upstream", retry_after=1.0)
     trial = False
     try:

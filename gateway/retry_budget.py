@@ -1,22 +1,46 @@
-"""Retry budgets per upstream, after Envoy's: retries in flight may be at most a share of the
-requests in flight (with a floor), so a failing upstream sees about 1.2x the offered load, never 3x.
+"""Retry budgets per upstream: retries may add at most a share of the offered load.
+
+Two limits, both from the route's `ratio` and `min_concurrent`:
+- a count budget, after Finagle's RetryBudget: over the last `WINDOW_SEC`
+  seconds, retries may number at most max(`ratio` x requests, `min_concurrent`),
+  so a backend failing every request sees about 1.2x the load, never 3x;
+- a concurrency cap, after Envoy's: retries in flight at most
+  max(min_concurrent, ratio x requests in flight), so a burst cannot spend the
+  whole allowance at once.
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import time
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Iterator
+
+WINDOW_SEC = 10
 
 
 @dataclass
 class RetryBudget:
     requests_in_flight: int = 0
     retries_in_flight: int = 0
+    requests_total: int = 0
     retries_total: int = 0
     exhausted_total: int = 0
+    # per second: [second, requests, retries]; the last WINDOW_SEC seconds
+    _window: deque[list[int]] = field(default_factory=deque, repr=False)
+
+    def _bucket(self) -> list[int]:
+        now = int(time.monotonic())
+        while self._window and self._window[0][0] <= now - WINDOW_SEC:
+            self._window.popleft()
+        if not self._window or self._window[-1][0] != now:
+            self._window.append([now, 0, 0])
+        return self._window[-1]
 
     @contextlib.contextmanager
     def request(self) -> Iterator[None]:
+        self._bucket()[1] += 1
+        self.requests_total += 1
         self.requests_in_flight += 1
         try:
             yield
@@ -24,16 +48,25 @@ class RetryBudget:
             self.requests_in_flight -= 1
 
     def try_acquire(self, ratio: float, min_concurrent: int) -> bool:
-        allowed = max(min_concurrent, int(self.requests_in_flight * ratio))
-        if self.retries_in_flight >= allowed:
+        bucket = self._bucket()
+        requests = sum(b[1] for b in self._window)
+        retries = sum(b[2] for b in self._window)
+        concurrent = max(min_concurrent, int(self.requests_in_flight * ratio))
+        if retries + 1 > max(ratio * requests, min_concurrent) or self.retries_in_flight >= concurrent:
             self.exhausted_total += 1
             return False
+        bucket[2] += 1
         self.retries_in_flight += 1
         self.retries_total += 1
         return True
 
     def release(self) -> None:
         self.retries_in_flight -= 1
+
+    def describe(self) -> dict[str, int]:
+        return {"requests_in_flight": self.requests_in_flight, "retries_in_flight": self.retries_in_flight,
+                "requests_total": self.requests_total, "retries_total": self.retries_total,
+                "exhausted_total": self.exhausted_total}
 
 
 class RetryBudgets:

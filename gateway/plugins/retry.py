@@ -4,8 +4,8 @@ Idempotent means GET, HEAD, or a request that carries the gateway's task id
 (a submit: the backend's create is idempotent by task id). Backoff is
 exponential with full jitter; an upstream `Retry-After` is honoured when it fits
 in what is left of the total deadline. A retry budget per upstream caps retries
-in flight at a share of requests in flight, so a failing upstream is not hit
-with three times its load.
+at a share of requests (gateway/retry_budget.py), so a failing upstream is not
+hit with three times its load.
 """
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ class BackoffSettings(Settings):
 
 
 class BudgetSettings(Settings):
-    ratio: float = Field(0.2, ge=0, le=1, description="retries in flight per request in flight, per upstream")
-    min_concurrent: int = Field(3, ge=0, description="retries allowed in flight whatever the load")
+    ratio: float = Field(0.2, ge=0, le=1, description="retries per request, and in flight per request in flight")
+    min_concurrent: int = Field(3, ge=0, description="retries allowed in flight whatever the load, and "
+                                "retries allowed per window on top of the ratio")
 
 
 class RetrySettings(Settings):
@@ -105,7 +106,10 @@ class Retry:
             finally:
                 budget.release()
         if isinstance(result, UpstreamError):
-            raise result
+            try:
+                raise result
+            finally:
+                del result  # else this frame, held by the traceback, holds the error: a cycle per failure
         return result
 
     async def _try(self, ctx: RequestContext, attempt: int
