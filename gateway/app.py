@@ -17,8 +17,7 @@ from typing import AsyncIterator
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
-from opentelemetry import propagate
-from opentelemetry.trace import SpanKind, format_trace_id
+from opentelemetry.trace import format_trace_id
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -82,11 +81,11 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         config = self.initial_config
-        metrics, tracer = telemetry.setup("gateway", config.tracing.exporter, config.tracing.sample_ratio)
+        metrics, tracing = telemetry.setup("gateway", config.tracing.exporter, config.tracing.sample_ratio)
         redis = aioredis.Redis.from_url(config.redis_url) if config.redis_url else None
         pool = max(u.pool_size for u in config.upstreams.values())
         services = Services(
-            client=AiohttpUpstream(pool), metrics=metrics, tracer=tracer, tenants=TenantDirectory({}),
+            client=AiohttpUpstream(pool), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
             signer=DownloadSigner(config.download_signing.secrets), upstreams=upstreams_of(config),
             state=open_state(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
             redis=redis,
@@ -160,10 +159,8 @@ class Gateway:
         )
         services = runtime.services
         started = time.perf_counter()
-        with services.tracer.start_as_current_span(
-            f"{method} {route.path}", context=propagate.extract(request.headers), kind=SpanKind.SERVER,
-            attributes={"http.route": route.path, "gateway.route": route.name},
-        ) as span:
+        with services.tracing.server(f"{method} {route.path}", request.headers,
+                                     {"http.route": route.path, "gateway.route": route.name}) as span:
             trace_id_var.set(format_trace_id(span.get_span_context().trace_id))
             resp = await self._run_chain(runtime, ctx)
             span.set_attribute("http.response.status_code", resp.status)

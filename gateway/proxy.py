@@ -9,7 +9,6 @@ import time
 from typing import AsyncIterator
 
 from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind
 
 from exports_common.errors import ApiError, ErrorKind
 from gateway.context import RequestContext
@@ -111,9 +110,8 @@ class Proxy:
         body = self._body(ctx)
         attrs = {"upstream": self.upstream.name, "route": ctx.route_name}
         started = time.perf_counter()
-        with self.services.tracer.start_as_current_span(f"upstream {self.upstream.name}", kind=SpanKind.CLIENT,
-                                                        attributes={"http.request.method": ctx.method,
-                                                                    "url.full": url}) as span:
+        with self.services.tracing.client(f"upstream {self.upstream.name}",
+                                          {"http.request.method": ctx.method, "url.full": url}) as span:
             try:
                 resp = await self.services.client.request(ctx.method, url, upstream_headers(ctx), body,
                                                           self._timeouts(ctx))

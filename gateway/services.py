@@ -5,14 +5,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis.asyncio as aioredis
-from opentelemetry.trace import Tracer
 
 from gateway.breakers import Breakers
 from gateway.kv import KeyValue, MemoryKV, RedisKV, SqliteKV
 from gateway.outbox_store import OutboxStore, RedisOutbox, SqliteOutbox
 from gateway.retry_budget import RetryBudgets
 from gateway.signing import DownloadSigner
-from gateway.telemetry import Metrics
+from gateway.telemetry import Metrics, Tracing
 from gateway.tenants import TenantDirectory
 from gateway.upstream import Timeouts, UpstreamClient
 
@@ -45,7 +44,7 @@ def open_state(redis: aioredis.Redis | None, prefix: str, state_dir: str) -> Sta
 class Services:
     client: UpstreamClient
     metrics: Metrics
-    tracer: Tracer
+    tracing: Tracing
     tenants: TenantDirectory
     signer: DownloadSigner
     upstreams: dict[str, Upstream]
