@@ -67,6 +67,7 @@ class BackendApi:
             format=submission.format, timeout_sec=submission.timeout_sec, callback_url=submission.callback_url,
             fingerprint=submission.fingerprint(tenant), created_at=now, updated_at=now,
             callback={"state": "PENDING", "attempts": 0, "last_error": None} if submission.callback_url else None,
+            extra={"traceparent": request.headers["traceparent"]} if "traceparent" in request.headers else {},
         )
         stored, created = await self.store.create(task)
         if not created and stored.fingerprint != task.fingerprint:

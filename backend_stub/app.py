@@ -9,6 +9,7 @@ from starlette.applications import Starlette
 
 from backend_stub import janitor
 from backend_stub.api import BackendApi
+from backend_stub.callbacks import CallbackSender
 from backend_stub.config import BackendConfig
 from backend_stub.files import ResultFiles
 from backend_stub.http_fault import HttpFault, RequestCounter
@@ -21,16 +22,19 @@ def create_app(config: BackendConfig) -> HttpFault:
     store = open_store(config)
     files = ResultFiles(config.data_dir)
     workers = Workers(config, store, files)
+    sender = CallbackSender(config, store)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await store.open()
         await workers.start()
         sweeper = asyncio.create_task(janitor.run(store, files, config.sweep_interval_sec))
+        callbacks = asyncio.create_task(sender.run())
         try:
             yield
         finally:
             sweeper.cancel()
+            callbacks.cancel()
             await workers.stop()
             await store.close()
 

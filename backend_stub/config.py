@@ -1,9 +1,10 @@
 """The backend's configuration, as read from config/backend.yaml."""
 from __future__ import annotations
 
-from typing import Literal
+import base64
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from backend_stub.datasets import DATASETS
 
@@ -44,6 +45,44 @@ class HttpFaultConfig(Strict):
     path_prefix: str = "/exports"
 
 
+class CallbackConfig(Strict):
+    """Signed callbacks (Standard Webhooks) to each task's callback_url."""
+
+    retry_delays_sec: list[float] = Field(default_factory=lambda: [1.0, 4.0, 16.0],
+                                          description="waits between tries; then the callback is FAILED")
+    timeout_sec: float = Field(10.0, gt=0, description="per try")
+    concurrency: int = Field(8, ge=1, le=256, description="deliveries in flight at once")
+    poll_interval_sec: float = Field(0.2, gt=0)
+    secrets: dict[str, list[str]] = Field(default_factory=dict, description="tenant -> whsec_ secrets; all sign")
+    default_secrets: list[str] = Field(default_factory=list, description="for tenants without their own")
+    allow_hosts: list[str] = Field(default_factory=list, description="non-public hosts that may be called")
+    allow_networks: list[str] = Field(default_factory=list, description="non-public CIDRs that may be called")
+
+    @field_validator("secrets", "default_secrets")
+    @classmethod
+    def _whsec(cls, value: Any) -> Any:
+        lists = value.values() if isinstance(value, dict) else [value]
+        for secret in (s for group in lists for s in group):
+            try:
+                ok = secret.startswith("whsec_") and len(base64.b64decode(secret[6:], validate=True)) >= 16
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError("a webhook secret is 'whsec_' and the base64 of at least 16 random bytes")
+        return value
+
+    def secrets_for(self, tenant: str) -> list[str]:
+        return self.secrets.get(tenant) or self.default_secrets
+
+
+class DownloadLinkConfig(Strict):
+    """How callbacks name the result: the gateway's signed link (the same secret as the gateway's)."""
+
+    base_url: str = "http://127.0.0.1:8080"
+    path: str = "/api/v1/exports/{task_id}/download"
+    secrets: list[str] = Field(min_length=1)
+
+
 class ExportTypeConfig(Strict):
     dataset: str
     rows: int = Field(100_000, ge=1, le=100_000_000, description="size of the generated data set")
@@ -81,6 +120,9 @@ class BackendConfig(Strict):
     max_body_bytes: int = Field(65_536, ge=1024)
     max_filters_bytes: int = Field(8_192, ge=64)
     http_fault: HttpFaultConfig = Field(default_factory=HttpFaultConfig)
+    callbacks: CallbackConfig = Field(default_factory=CallbackConfig)
+    download_links: DownloadLinkConfig = Field(
+        default_factory=lambda: DownloadLinkConfig(secrets=["dev-signing-secret-change-me"]))
     export_types: dict[str, ExportTypeConfig]
 
     @model_validator(mode="after")

@@ -48,7 +48,10 @@ def report(attempt: int, progress: int, step: str) -> Change:
 
 
 def finish(status: str, *, attempt: int | None = None, ttl_sec: float = 86_400, **fields: Any) -> Change:
-    """End the task in a terminal status; with `attempt`, only if that attempt is still the running one."""
+    """End the task in a terminal status; with `attempt`, only if that attempt is still the running one.
+
+    A task with a callback_url gets a new notification (CONTRACT 4), due at once.
+    """
 
     def change(task: Task) -> Task | None:
         if task.status in TERMINAL:
@@ -57,8 +60,39 @@ def finish(status: str, *, attempt: int | None = None, ttl_sec: float = 86_400, 
             return None
         now = time.time()
         extra: dict[str, Any] = {"progress": 100} if status == COMPLETED else {}
-        return _next(task, status=status, finished_at=now, expire_at=now + ttl_sec, current_step=None,
-                     **extra, **fields)
+        ended = _next(task, status=status, finished_at=now, expire_at=now + ttl_sec, current_step=None,
+                      **extra, **fields)
+        return notify(ended, now) if ended.callback_url else ended
+
+    return change
+
+
+def notify(task: Task, now: float) -> Task:
+    """A new notification of the task's (terminal) state; it replaces one still pending."""
+    seq = task.callback_seq + 1
+    event = {"status": task.status, "error": task.error, "attempt": task.attempt, "expire_at": task.expire_at,
+             "has_result": task.result is not None}
+    callback = {"state": "PENDING", "attempts": 0, "last_error": None, "seq": seq,
+                "webhook_id": f"msg_{task.task_id}_{seq}", "next_at": now, "event": event}
+    return dataclasses.replace(task, callback_seq=seq, callback=callback)
+
+
+def callback_attempted(seq: int, error: str | None, delays: list[float], final: bool = False) -> Change:
+    """Record one delivery try of notification `seq`: delivered, failed for good, or due again later."""
+
+    def change(task: Task) -> Task | None:
+        cb = task.callback
+        if cb is None or cb.get("seq") != seq or cb["state"] != "PENDING":
+            return None
+        attempts = cb["attempts"] + 1
+        if error is None:
+            state, next_at = "DELIVERED", None
+        elif final or attempts > len(delays):
+            state, next_at = "FAILED", None
+        else:
+            state, next_at = "PENDING", time.time() + delays[attempts - 1]
+        return dataclasses.replace(task, callback=dict(cb, state=state, attempts=attempts, last_error=error,
+                                                       next_at=next_at))
 
     return change
 

@@ -35,6 +35,7 @@ class Task:
     base_attempt: int = 1
     degraded: bool = False
     reruns: int = 0
+    callback_seq: int = 0
     started_at: float | None = None
     finished_at: float | None = None
     expire_at: float | None = None
@@ -71,7 +72,7 @@ class Task:
             "error": self.error,
             "degraded": self.degraded,
             "reruns": self.reruns,
-            "callback": self.callback,
+            "callback": {k: self.callback[k] for k in ("state", "attempts", "last_error")} if self.callback else None,
             "format": self.format,
             "timeout_sec": self.timeout_sec,
         }

@@ -21,7 +21,7 @@ from backend_stub.export_job import Cancelled, ExportJob, JobResult, TransientFa
 from backend_stub.files import ResultFiles
 from backend_stub.models import COMPLETED, FAILED, RUNNING, TIMEOUT, Task, error_info
 from backend_stub.store import Change, Lease, TaskStore
-from exports_common.jsonlog import task_id_var
+from exports_common.jsonlog import task_id_var, trace_id_var
 
 log = logging.getLogger("backend.worker")
 
@@ -59,12 +59,16 @@ class Workers:
 
     async def _handle(self, lease: Lease, consumer: str) -> None:
         token = task_id_var.set(lease.task_id)
+        trace_token = trace_id_var.set(None)
         try:
             task = await self._begin(lease)
             if task is not None:
+                traceparent = task.extra.get("traceparent", "")
+                trace_id_var.set(traceparent.split("-")[1] if traceparent.count("-") == 3 else None)
                 await self._run(task, lease, consumer)
         finally:
             task_id_var.reset(token)
+            trace_id_var.reset(trace_token)
 
     async def _begin(self, lease: Lease) -> Task | None:
         current = await self.store.get(lease.task_id)

@@ -36,7 +36,7 @@ from gateway.runtime import Runtime, build_runtime, upstreams_of
 from gateway.breakers import STATES, Breakers
 from gateway.outbox_drainer import OutboxDrainer
 from gateway.services import Services, open_state
-from gateway.signing import DownloadSigner
+from exports_common.signing import DownloadSigner
 from gateway.tenants import TenantDirectory
 from gateway.upstream import AiohttpUpstream, UpstreamError
 

@@ -14,7 +14,7 @@ from gateway.plugins import PLUGINS
 from gateway.proxy import Proxy
 from gateway.router import Router
 from gateway.services import Services, Upstream
-from gateway.signing import DownloadSigner
+from exports_common.signing import DownloadSigner
 from gateway.tenants import TenantDirectory
 from gateway.upstream import Timeouts
 

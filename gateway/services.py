@@ -10,7 +10,7 @@ from gateway.breakers import Breakers
 from gateway.kv import KeyValue, MemoryKV, RedisKV, SqliteKV
 from gateway.outbox_store import OutboxStore, RedisOutbox, SqliteOutbox
 from gateway.retry_budget import RetryBudgets
-from gateway.signing import DownloadSigner
+from exports_common.signing import DownloadSigner
 from gateway.telemetry import Metrics, Tracing
 from gateway.tenants import TenantDirectory
 from gateway.upstream import Timeouts, UpstreamClient

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from exports_common.task_ids import TASK_ID_PATTERN, new_task_id
-from gateway.signing import DownloadSigner
+from exports_common.signing import DownloadSigner
 from tests.conftest import ADMIN_TOKEN, DEMO2_KEY, DEMO_KEY, backend_config, gateway_config
 from tests.helpers import assert_envelope_error, wait_status
 from tests.procs import Service, wait_until

@@ -57,9 +57,17 @@ class TaskStore(Protocol):
 
     async def expired(self, now: float, limit: int) -> list[str]: ...
 
+    async def due_callbacks(self, now: float, limit: int) -> list[str]:
+        """Tasks with a callback delivery due by `now`, soonest first."""
+
     async def delete(self, task_id: str) -> None: ...
 
     async def ping(self) -> bool: ...
+
+
+def callback_due(task: Task) -> float | None:
+    cb = task.callback
+    return cb.get("next_at") if cb is not None and cb.get("state") == "PENDING" else None
 
 
 def encode_cursor(created_at: float, task_id: str) -> str:

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError, WatchError
 
 from backend_stub.models import Task
-from backend_stub.store.base import Change, Lease, decode_cursor, encode_cursor
+from backend_stub.store.base import Change, Lease, callback_due, decode_cursor, encode_cursor
 
 _GROUP = "workers"
 
@@ -24,6 +24,7 @@ class RedisTaskStore:
         self.prefix = prefix
         self.stream = f"{prefix}:queue"
         self.expiry = f"{prefix}:expiry"
+        self.callbacks = f"{prefix}:callbacks"
 
     def _task_key(self, task_id: str) -> str:
         return f"{self.prefix}:task:{task_id}"
@@ -47,6 +48,11 @@ class RedisTaskStore:
             pipe.zadd(self.expiry, {task.task_id: task.expire_at})
         else:
             pipe.zrem(self.expiry, task.task_id)
+        due = callback_due(task)
+        if due is not None:
+            pipe.zadd(self.callbacks, {task.task_id: due})
+        else:
+            pipe.zrem(self.callbacks, task.task_id)
 
     async def create(self, task: Task) -> tuple[Task, bool]:
         key = self._task_key(task.task_id)
@@ -150,11 +156,15 @@ class RedisTaskStore:
     async def expired(self, now: float, limit: int) -> list[str]:
         return list(await self.redis.zrangebyscore(self.expiry, "-inf", now, start=0, num=limit))
 
+    async def due_callbacks(self, now: float, limit: int) -> list[str]:
+        return list(await self.redis.zrangebyscore(self.callbacks, "-inf", now, start=0, num=limit))
+
     async def delete(self, task_id: str) -> None:
         task = await self.get(task_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(self._task_key(task_id))
             pipe.zrem(self.expiry, task_id)
+            pipe.zrem(self.callbacks, task_id)
             if task is not None:
                 pipe.zrem(self._tenant_key(task.tenant), task_id)
             await pipe.execute()

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from backend_stub.models import TERMINAL, Task
-from backend_stub.store.base import Change, Lease, decode_cursor, encode_cursor
+from backend_stub.store.base import Change, Lease, callback_due, decode_cursor, encode_cursor
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -22,8 +22,10 @@ CREATE TABLE IF NOT EXISTS tasks (
     status TEXT NOT NULL,
     created_at REAL NOT NULL,
     expire_at REAL,
+    callback_due REAL,
     body TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS tasks_by_callback_due ON tasks (callback_due) WHERE callback_due IS NOT NULL;
 CREATE INDEX IF NOT EXISTS tasks_by_tenant ON tasks (tenant, created_at DESC, task_id DESC);
 CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expire_at) WHERE expire_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS queue (
@@ -64,8 +66,9 @@ class SqliteTaskStore:
     def _write(self, task: Task) -> None:
         expire = task.expire_at if task.status in TERMINAL else None
         self.db.execute(
-            "INSERT OR REPLACE INTO tasks (task_id, tenant, status, created_at, expire_at, body) VALUES (?,?,?,?,?,?)",
-            (task.task_id, task.tenant, task.status, task.created_at, expire, task.to_json()),
+            "INSERT OR REPLACE INTO tasks (task_id, tenant, status, created_at, expire_at, callback_due, body) "
+            "VALUES (?,?,?,?,?,?,?)",
+            (task.task_id, task.tenant, task.status, task.created_at, expire, callback_due(task), task.to_json()),
         )
 
     def _load(self, task_id: str) -> Task | None:
@@ -167,6 +170,12 @@ class SqliteTaskStore:
         rows = self.db.execute(
             "SELECT task_id FROM tasks WHERE expire_at IS NOT NULL AND expire_at < ? LIMIT ?", (now, limit)
         ).fetchall()
+        return [r[0] for r in rows]
+
+    async def due_callbacks(self, now: float, limit: int) -> list[str]:
+        rows = self.db.execute(
+            "SELECT task_id FROM tasks WHERE callback_due IS NOT NULL AND callback_due <= ? "
+            "ORDER BY callback_due LIMIT ?", (now, limit)).fetchall()
         return [r[0] for r in rows]
 
     async def delete(self, task_id: str) -> None:

@@ -1,0 +1,54 @@
+"""A real HTTP server in the test process that receives callbacks and answers as told."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass(frozen=True)
+class Received:
+    at: float
+    headers: dict[str, str]
+    body: bytes
+
+
+class Receiver:
+    def __init__(self, statuses: list[int] | None = None) -> None:
+        self.statuses = list(statuses or [])  # answered in order; 204 once they run out
+        self.received: list[Received] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                with receiver.lock:
+                    receiver.received.append(Received(time.monotonic(), {k.lower(): v for k, v in self.headers.items()},
+                                                      body))
+                    status = receiver.statuses.pop(0) if receiver.statuses else 204
+                self.send_response(status)
+                if status in (301, 302, 307):
+                    self.send_header("Location", "http://127.0.0.1:9/elsewhere")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/exports"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "Receiver":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.received)
