@@ -119,7 +119,7 @@ class BackendApi:
         tenant = request.headers.get("x-tenant-id") or params.get("tenant")
         if not tenant:
             raise validation_error("tenant", "name the tenant (X-Tenant-Id header or tenant query parameter)")
-        status = params.get("status") or None
+        status = params.get("status")
         if status is not None and status not in STATUSES:
             raise validation_error("status", f"must be one of {list(STATUSES)}")
         raw_limit = params.get("limit", "50")

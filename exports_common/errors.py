@@ -27,6 +27,7 @@ class ErrorKind(Enum):
     FILE_GONE = (41001, 410, "the result file has expired")
     PAYLOAD_TOO_LARGE = (41300, 413, "the request body is too large")
     UNSUPPORTED_MEDIA_TYPE = (41500, 415, "send the body as 'Content-Type: application/json'")
+    HEADERS_TOO_LARGE = (43100, 431, "the request headers are too large")
     VALIDATION = (42200, 422, "the request is invalid")
     IDEMPOTENCY_KEY_REUSED = (42201, 422, "this Idempotency-Key was used with a different body; use a new key")
     INTERNAL = (50000, 500, "internal error; the request was not applied, retry later")

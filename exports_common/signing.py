@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
+
+_HEX_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class DownloadSigner:
@@ -23,4 +26,6 @@ class DownloadSigner:
         return self._mac(self._keys[0], task_id, expires)
 
     def verify(self, task_id: str, expires: int, signature: str) -> bool:
+        if not _HEX_SHA256.match(signature):
+            return False
         return any(hmac.compare_digest(self._mac(k, task_id, expires), signature) for k in self._keys)

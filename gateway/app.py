@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import math
 import logging
 import os
@@ -28,7 +29,7 @@ from exports_common.config_loader import ConfigError, load_model
 from exports_common.envelope import exception_handlers, ok
 from exports_common.errors import ApiError, ErrorKind
 from exports_common.jsonlog import task_id_var, trace_id_var
-from gateway import telemetry
+from gateway import openapi, telemetry
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.response import GatewayResponse
@@ -42,7 +43,7 @@ from gateway.upstream import AiohttpUpstream, UpstreamError
 
 log = logging.getLogger("gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 
 
 def upstream_error(exc: UpstreamError) -> ApiError:
@@ -136,10 +137,17 @@ class Gateway:
         per-request cost of the hot path to what the chain itself needs.
         """
         if scope["type"] == "http" and not _is_ops_path(scope["path"]):
-            response = await self.handle(Request(scope, receive))
+            response = self._refuse_headers(scope) or await self.handle(Request(scope, receive))
             await response(scope, receive, send)
         else:
             await self.ops_app(scope, receive, send)
+
+    def _refuse_headers(self, scope: Scope) -> GatewayResponse | None:
+        limit = self.runtime.config.max_header_bytes
+        if sum(len(k) + len(v) for k, v in scope["headers"]) <= limit:
+            return None
+        return GatewayResponse.error(ApiError(ErrorKind.HEADERS_TOO_LARGE, f"request headers must total at most "
+                                                                           f"{limit} bytes"))
 
     async def handle(self, request: Request) -> GatewayResponse:
         runtime = self.runtime
@@ -214,6 +222,9 @@ class Gateway:
                            headers={"Retry-After": "5"})
         return ok({"status": "ready", "routes": len(self.runtime.config.routes)})
 
+    async def openapi(self, request: Request) -> Response:
+        return Response(json.dumps(openapi.build(self.runtime.config)), media_type="application/json")
+
     async def metrics(self, request: Request) -> Response:
         body, content_type = telemetry.prometheus_text()
         return Response(body, media_type=content_type)
@@ -258,6 +269,7 @@ class Gateway:
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
             Route("/admin/routes", self.admin_routes, methods=["GET"]),
             Route("/admin/breakers", self.admin_breakers, methods=["GET"]),
             Route("/admin/stats", self.admin_stats, methods=["GET"]),

@@ -128,6 +128,7 @@ class GatewayConfig(Strict):
     port: int = Field(8080, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     public_base_url: str = Field("", description="base of links the gateway hands out; empty: from the request")
+    max_header_bytes: int = Field(8192, ge=1024, le=65536, description="larger request headers get 431")
     state_dir: str = ".data/gateway"
     redis_url: str = Field("", description="empty: memory and a local file; set: state shared through Redis")
     redis_prefix: str = "gw"

@@ -1,0 +1,210 @@
+"""The OpenAPI 3.1 description of the public API (CONTRACT section 2), served at /openapi.json.
+
+Export types and limits are read from the submit route's `validate` settings in
+force, so the document describes what this gateway accepts right now.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from exports_common.errors import ErrorKind
+from exports_common.submit_body import FORMATS
+from exports_common.task_ids import TASK_ID_PATTERN
+from gateway.config import GatewayConfig, plugin_of
+
+STATUSES = ["PENDING", "RUNNING", "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"]
+NULLABLE_STR = {"type": ["string", "null"]}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _header(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"description": description, "schema": schema or {"type": "string"}}
+
+
+def _json(schema: dict[str, Any], description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        out["headers"] = headers
+    return out
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    retry = {"Retry-After": _header("seconds to wait before trying again", {"type": "string", "pattern": r"^\d+$"})}
+    out = {}
+    for status in statuses:
+        kinds = ", ".join(f"{k.code} {k.name}" for k in ErrorKind if k.status == status)
+        out[str(status)] = _json(_ref("Error"), f"error envelope; code: {kinds}",
+                                 retry if status in (409, 503) else None)
+    return out
+
+
+def _validate_settings(config: GatewayConfig) -> Any:
+    for route in config.routes:
+        for entry in route.plugins:
+            name, settings = plugin_of(entry)
+            if name == "validate":
+                return settings
+    return None
+
+
+def _schemas(config: GatewayConfig) -> dict[str, Any]:
+    settings = _validate_settings(config)
+    export_type: dict[str, Any] = {"type": "string", "minLength": 1}
+    if settings is not None and settings.export_types:
+        export_type = {"type": "string", "enum": list(settings.export_types)}
+    max_timeout = settings.max_timeout_sec if settings is not None else 3600
+    task = {
+        "type": "object",
+        "required": ["task_id", "export_type", "status", "progress", "current_step", "attempt", "created_at",
+                     "updated_at", "result", "error", "degraded", "callback"],
+        "properties": {
+            "task_id": {"type": "string", "pattern": TASK_ID_PATTERN.pattern},
+            "export_type": {"type": ["string", "null"]},
+            "status": {"type": "string", "enum": STATUSES},
+            "progress": {"type": "integer", "minimum": 0, "maximum": 100},
+            "current_step": NULLABLE_STR,
+            "attempt": {"type": "integer", "minimum": 1},
+            "created_at": {"type": "string", "format": "date-time"},
+            "updated_at": {"type": "string", "format": "date-time"},
+            "result": {"oneOf": [{"type": "null"}, _ref("Result")]},
+            "error": {"oneOf": [{"type": "null"}, _ref("TaskError")]},
+            "degraded": {"type": "boolean"},
+            "callback": {"oneOf": [{"type": "null"}, _ref("CallbackState")]},
+            "reruns": {"type": "integer", "minimum": 0},
+            "format": {"type": "string", "enum": list(FORMATS)},
+            "timeout_sec": {"type": "integer", "minimum": 1},
+            "estimated_completion_sec": {"type": "integer", "minimum": 0},
+        },
+    }
+    return {
+        "SubmitRequest": {
+            "type": "object", "additionalProperties": False, "required": ["export_type"],
+            "properties": {
+                "export_type": export_type,
+                "filters": {"type": ["object", "null"],
+                            "description": "checked per export type; a bad one is 422 naming it"},
+                "callback_url": {"type": ["string", "null"], "format": "uri", "maxLength": 2048,
+                                 "description": "absolute http(s) URL of a public address"},
+                "timeout_sec": {"type": "integer", "minimum": 1, "maximum": max_timeout, "default": 300},
+                "format": {"type": "string", "enum": list(FORMATS), "default": "csv"},
+            },
+        },
+        "Task": task,
+        "Result": {"type": "object", "required": ["download_url", "expire_at", "rows", "bytes", "format"],
+                   "properties": {"download_url": {"type": "string"},
+                                  "expire_at": {"type": "string", "format": "date-time"},
+                                  "rows": {"type": "integer", "minimum": 0}, "bytes": {"type": "integer", "minimum": 0},
+                                  "format": {"type": "string", "enum": list(FORMATS)}}},
+        "TaskError": {"type": "object", "required": ["code", "message", "retryable"],
+                      "properties": {"code": {"type": "string"}, "message": {"type": "string"},
+                                     "retryable": {"type": "boolean"}}},
+        "CallbackState": {"type": "object", "required": ["state", "attempts", "last_error"],
+                          "properties": {"state": {"type": "string", "enum": ["PENDING", "DELIVERED", "FAILED"]},
+                                         "attempts": {"type": "integer", "minimum": 0},
+                                         "last_error": NULLABLE_STR}},
+        "TaskEnvelope": {"type": "object", "required": ["code", "message", "data"],
+                         "properties": {"code": {"const": 0}, "message": {"const": "success"}, "data": _ref("Task")}},
+        "TaskListEnvelope": {
+            "type": "object", "required": ["code", "message", "data"],
+            "properties": {"code": {"const": 0}, "message": {"const": "success"}, "data": {
+                "type": "object", "required": ["items", "next_cursor"],
+                "properties": {"items": {"type": "array", "items": _ref("Task")}, "next_cursor": NULLABLE_STR}}}},
+        "Error": {"type": "object", "required": ["code", "message", "data"],
+                  "properties": {"code": {"type": "integer", "enum": sorted({k.code for k in ErrorKind})},
+                                 "message": {"type": "string", "minLength": 1},
+                                 "data": {"type": ["object", "null"]}}},
+    }
+
+
+TASK_ID_PARAM = {"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"},
+                 "description": f"a task id ({TASK_ID_PATTERN.pattern}); anything else is 404"}
+
+
+def build(config: GatewayConfig) -> dict[str, Any]:
+    task = _ref("TaskEnvelope")
+    poll = {"Retry-After": _header("non-terminal: seconds until the next poll (1 doubling to 30)"),
+            "X-Cache": _header("HIT when answered from the terminal-status cache",
+                               {"type": "string", "enum": ["HIT", "MISS"]}),
+            "X-Degraded": _header("stale: the upstream could not answer; this is the last state seen"),
+            "Age": _header("seconds since a stale answer was seen")}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Export gateway", "version": "1.0.0",
+                 "description": "Asynchronous exports: submit, poll, cancel, download. Every JSON body is an "
+                                "envelope {code, message, data}; code 0 is success."},
+        "components": {"schemas": _schemas(config),
+                       "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}}},
+        "security": [{"apiKey": []}],
+        "paths": {
+            "/api/v1/exports": {
+                "post": {
+                    "operationId": "submitExport", "summary": "Submit an export",
+                    "parameters": [
+                        {"name": "Idempotency-Key", "in": "header", "required": False,
+                         "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"}},
+                    ],
+                    "requestBody": {"required": True, "content": {"application/json": {
+                        "schema": _ref("SubmitRequest")}}},
+                    "responses": {
+                        "202": _json(task, "accepted (data.degraded: stored in the outbox, delivered later)", {
+                            "Location": _header("the task's status URL"),
+                            "Retry-After": _header("seconds until the first poll"),
+                            "Idempotent-Replayed": _header("true when this is the stored answer to an "
+                                                           "earlier request with the same key")}),
+                        **_errors(400, 401, 409, 413, 415, 422, 502, 503, 504),
+                    },
+                },
+                "get": {
+                    "operationId": "listExports", "summary": "The caller's tasks, newest first",
+                    "parameters": [
+                        {"name": "status", "in": "query", "schema": {"type": "string", "enum": STATUSES}},
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
+                                                                    "maximum": 500, "default": 50}},
+                        {"name": "cursor", "in": "query", "schema": {"type": "string"},
+                         "description": "the next_cursor of the previous page; anything else is 422"},
+                    ],
+                    "responses": {"200": _json(_ref("TaskListEnvelope"), "a page of tasks"),
+                                  **_errors(401, 422, 502, 503, 504)},
+                },
+            },
+            "/api/v1/exports/{task_id}": {
+                "get": {
+                    "operationId": "getExport", "summary": "Poll a task",
+                    "parameters": [TASK_ID_PARAM],
+                    "responses": {"200": _json(task, "the task", poll), **_errors(401, 404, 502, 503, 504)},
+                },
+            },
+            "/api/v1/exports/{task_id}/cancel": {
+                "post": {
+                    "operationId": "cancelExport", "summary": "Cancel a PENDING or RUNNING task",
+                    "parameters": [TASK_ID_PARAM],
+                    "responses": {"200": _json(task, "the task, CANCELLED"),
+                                  **_errors(401, 404, 409, 413, 502, 503, 504)},
+                },
+            },
+            "/api/v1/exports/{task_id}/download": {
+                "get": {
+                    "operationId": "downloadExport", "summary": "The result file, through its signed link",
+                    "security": [{}],
+                    "parameters": [
+                        TASK_ID_PARAM,
+                        {"name": "expires", "in": "query", "required": True, "schema": {"type": "integer"}},
+                        {"name": "sig", "in": "query", "required": True, "schema": {"type": "string"}},
+                        {"name": "Range", "in": "header", "required": False, "schema": {"type": "string"}},
+                    ],
+                    "responses": {
+                        "200": {"description": "the file", "content": {
+                            "text/csv": {"schema": {"type": "string"}},
+                            "application/x-ndjson": {"schema": {"type": "string"}}}},
+                        "206": {"description": "the requested range", "content": {
+                            "text/csv": {"schema": {"type": "string"}},
+                            "application/x-ndjson": {"schema": {"type": "string"}}}},
+                        **_errors(401, 403, 404, 410, 502, 503, 504),
+                    },
+                },
+            },
+        },
+    }
