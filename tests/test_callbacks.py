@@ -119,7 +119,8 @@ def test_each_notification_gets_the_next_seq(services: Callable[..., Service], t
 def test_non_public_receiver_is_refused_at_delivery(services: Callable[..., Service], tmp_path: Path) -> None:
     backend = services("backend_stub", backend_config(tmp_path))  # no allow-list
     with Receiver() as receiver:
-        task_id = backend_create(backend.url, {"export_type": "report_export", "callback_url": receiver.url},
+        by_name = receiver.url.replace("127.0.0.1", "localhost")  # a name that resolves to loopback
+        task_id = backend_create(backend.url, {"export_type": "report_export", "callback_url": by_name},
                                  tenant="demo").json()["data"]["task_id"]
         wait_until(lambda: callback_state(backend, task_id)["state"] == "FAILED", 15, what="refusal")
         assert receiver.count() == 0

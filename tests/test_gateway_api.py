@@ -180,7 +180,19 @@ def test_tenant_isolation_on_every_endpoint(stack: Stack) -> None:
         assert_envelope_error(c.post(f"{API}/{task_id}/cancel"), 404, 40401)
         assert_envelope_error(c.get(f"{API}/{task_id}", headers={"X-Tenant-Id": "demo"}), 404, 40401)
     with stack.client(DEMO_KEY) as c:
-        assert c.get(f"{API}/{task_id}").status_code == 200
+        link = c.get(f"{API}/{task_id}").json()["data"]["result"]["download_url"]
+    with stack.client(DEMO2_KEY) as c:
+        assert_envelope_error(c.get(link), 404, 40401)
+    with stack.client(DEMO_KEY) as c:
+        assert c.get(link).status_code == 200
+
+
+def test_size_limits_on_headers_and_filters(stack: Stack) -> None:
+    with stack.client() as c:
+        assert_envelope_error(c.get(API, headers={"X-Big": "a" * 9000}), 431, 43100)
+        filters = {f"k{i}": "v" * 100 for i in range(100)}
+        resp = c.post(API, json={"export_type": "order_export", "filters": filters})
+        assert assert_envelope_error(resp, 422, 42200)["data"]["field"] == "filters"
 
 
 def test_auth_is_required_and_keys_are_checked(stack: Stack) -> None:
