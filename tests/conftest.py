@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -54,25 +55,8 @@ def gateway_config(workdir: Path, backend_url: str, redis_url: str = "", **overr
     return merge(base, override)
 
 
-@pytest.fixture
-def services(tmp_path: Path) -> Iterator[Callable[..., Service]]:
-    """Start backend or gateway processes for one test; all are stopped at its end."""
-    started: list[Service] = []
-
-    def start(module: str, config: dict[str, Any], name: str | None = None, **env: str) -> Service:
-        service = Service(module, config, tmp_path, name or f"{module}-{len(started)}", env=env).start()
-        started.append(service)
-        return service
-
-    yield start
-    for service in reversed(started):
-        service.stop()
-
-
-@pytest.fixture(scope="module")
-def module_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Service]]:
-    """Like `services`, for processes shared by every test of a module."""
-    workdir = tmp_path_factory.mktemp("services")
+@contextlib.contextmanager
+def _starter(workdir: Path) -> Iterator[Callable[..., Service]]:
     started: list[Service] = []
 
     def start(module: str, config: dict[str, Any], name: str | None = None, **env: str) -> Service:
@@ -80,6 +64,22 @@ def module_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callab
         started.append(service)
         return service
 
-    yield start
-    for service in reversed(started):
-        service.stop()
+    try:
+        yield start
+    finally:
+        for service in reversed(started):
+            service.stop()
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Iterator[Callable[..., Service]]:
+    """Start backend or gateway processes for one test; all are stopped at its end."""
+    with _starter(tmp_path) as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def module_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Service]]:
+    """Like `services`, for processes shared by every test of a module."""
+    with _starter(tmp_path_factory.mktemp("services")) as start:
+        yield start
