@@ -7,6 +7,7 @@ here, so the metric names an SRE sees are listed in one place.
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import random
 from collections import Counter
@@ -45,11 +46,43 @@ class Tally:
             yield Observation(count, dict(zip(self.labels, key)))
 
 
+class LatencyHistogram:
+    """Request latency per route in Prometheus-style cumulative buckets, read by OpenTelemetry at scrape.
+
+    An SDK histogram `record` costs 10-17 us; on the hot path of a cache hit that is
+    a tenth of the request. Buckets are counted here (a bisect and an increment)
+    and exported as `<name>_bucket{le=...}`, `<name>_sum` and `<name>_count`, which
+    is what `histogram_quantile()` needs.
+    """
+
+    BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+    def __init__(self, meter: metrics.Meter, name: str, description: str) -> None:
+        self.counts: dict[str, list[int]] = {}
+        self.sums: Counter[str] = Counter()
+        labels = [str(b) for b in self.BOUNDS] + ["+Inf"]
+        meter.create_observable_counter(f"{name}_bucket", description=description, unit="s", callbacks=[
+            lambda options: [Observation(sum(counts[: i + 1]), {"route": route, "le": le})
+                             for route, counts in list(self.counts.items()) for i, le in enumerate(labels)]])
+        meter.create_observable_counter(f"{name}_sum", unit="s", callbacks=[
+            lambda options: [Observation(total, {"route": route}) for route, total in list(self.sums.items())]])
+        meter.create_observable_counter(f"{name}_count", callbacks=[
+            lambda options: [Observation(sum(counts), {"route": route})
+                             for route, counts in list(self.counts.items())]])
+
+    def record(self, route: str, seconds: float) -> None:
+        counts = self.counts.get(route)
+        if counts is None:
+            counts = self.counts[route] = [0] * (len(self.BOUNDS) + 1)
+        counts[bisect.bisect_left(self.BOUNDS, seconds)] += 1
+        self.sums[route] += seconds
+
+
 class Metrics:
     def __init__(self, meter: metrics.Meter) -> None:
         self.meter = meter
         self.requests = Tally(meter, "gateway_requests", ("route", "status"), "client requests by route and status")
-        self.duration = meter.create_histogram("gateway_request_duration", unit="s", description="time to answer")
+        self.duration = LatencyHistogram(meter, "gateway_request_duration_seconds", "time to answer, by route")
         self.upstream_calls = Tally(meter, "gateway_upstream_calls", ("upstream", "route", "outcome"),
                                     "calls made to upstreams, by outcome (status or error)")
         self.upstream_duration = meter.create_histogram("gateway_upstream_duration", unit="s")

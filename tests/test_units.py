@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import re
+from pathlib import Path
 
 import pytest
 
+from exports_common import webhooks
 from exports_common.netpolicy import AddressPolicy, refusal
 from exports_common.task_ids import is_task_id, new_task_id
 from gateway.config import RouteConfig
@@ -64,3 +67,21 @@ def test_task_ids_are_unique_and_match_the_contract() -> None:
     assert len(ids) == 10_000 and all(is_task_id(i) for i in ids)
     assert is_task_id(new_task_id("report2"))
     assert not is_task_id("exp-20260101-short")
+
+
+def test_readme_callback_verification_example_runs() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    example = re.search(r"Verifying a callback.*?```python\n(.*?)```", readme, re.S)
+    assert example is not None
+    exec(compile(example.group(1), "README.md", "exec"), {})
+
+
+def test_webhook_signatures_reject_tampering_replay_and_other_secrets() -> None:
+    secret, other = "whsec_iCl0WN940QaVoCJovUTAq++Q04VVO3U5", "whsec_H5dBebRJnn8aiSa6bctI1Ge4mSV9g9vM"
+    body = b'{"task_id":"x"}'
+    headers = webhooks.sign([other, secret], "msg_1", body)
+    assert webhooks.verify(secret, headers, body) and webhooks.verify(other, headers, body)
+    assert not webhooks.verify(secret, headers, body + b"x")
+    assert not webhooks.verify(secret, dict(headers, **{"webhook-id": "msg_2"}), body)
+    assert not webhooks.verify(secret, headers, body, now=int(headers["webhook-timestamp"]) + 301)
+    assert not webhooks.verify("whsec_" + "A" * 32, headers, body)
