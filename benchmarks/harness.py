@@ -64,6 +64,9 @@ def nginx(upstream: str, body_file: Path) -> Iterator[str | None]:
         return
     port = free_port()
     host_port = upstream.split("://", 1)[1]
+    body = body_file.read_text()
+    if "'" in body:
+        raise ValueError("the static answer must not contain a single quote (nginx string)")
     with tempfile.TemporaryDirectory(prefix="bench-nginx-") as tmp:
         conf = Path(tmp) / "nginx.conf"
         conf.write_text(f"""
@@ -76,7 +79,7 @@ http {{
   upstream pool {{ server {host_port}; keepalive 64; }}
   server {{
     listen 127.0.0.1:{port};
-    location = /static {{ default_type application/json; alias {body_file}; }}
+    location = /static {{ default_type application/json; return 200 '{body}'; }}
     location / {{ proxy_pass http://pool; proxy_http_version 1.1; proxy_set_header Connection ""; }}
   }}
 }}""")
