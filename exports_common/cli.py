@@ -17,7 +17,7 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, str], ASGIApp],
-         banner: Callable[[M], str] | None = None, argv: list[str] | None = None) -> int:
+         argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="serve")
@@ -43,9 +43,8 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
         return 0
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     config = config.model_copy(update=overrides)
-    jsonlog.setup(getattr(config, "log_level", "info"))
-    if banner is not None:
-        print(banner(config), file=sys.stderr, flush=True)
-    uvicorn.run(make_app(config, path), host=getattr(config, "host"), port=getattr(config, "port"),
-                log_config=None, access_log=False, lifespan="on")
+    server = config.model_dump(include={"host", "port", "log_level"})
+    jsonlog.setup(server.get("log_level", "info"))
+    uvicorn.run(make_app(config, path), host=server["host"], port=server["port"], log_config=None,
+                access_log=False, lifespan="on")
     return 0

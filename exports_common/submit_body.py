@@ -41,7 +41,7 @@ def check_callback_url(value: Any) -> str | None:
     if isinstance(value, str) and len(value) <= 2048 and value.isprintable():
         try:
             parts = urlsplit(value)
-            parts.port  # raises ValueError on a bad port
+            _ = parts.port  # raises ValueError on a bad port
         except ValueError:
             parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:

@@ -15,18 +15,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+def wait_healthy(what: str, url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"{url}: the process exited with {proc.returncode}; see its log above")
+            raise SystemExit(f"{what}: the process exited with {proc.returncode}; see its log above")
         try:
             with urllib.request.urlopen(f"{url}/healthz", timeout=1) as resp:
                 if resp.status == 200:
                     return
         except OSError:
             time.sleep(0.2)
-    raise SystemExit(f"{url} did not become healthy within {timeout:.0f} s")
+    raise SystemExit(f"{what} did not become healthy within {timeout:.0f} s")
 
 
 def main() -> int:
@@ -40,7 +40,7 @@ def main() -> int:
         for name, url, args in procs:
             proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env)
             started.append(proc)
-            wait_healthy(url, proc)
+            wait_healthy(f"{name} at {url}", url, proc)
         admin = env.get("GATEWAY_ADMIN_TOKEN", "admin-change-me")
         print(f"""
 Export gateway is up.

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import httpx
-import pytest
 
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
 from tests.helpers import assert_envelope_error, wait_status
