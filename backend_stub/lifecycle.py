@@ -9,7 +9,17 @@ import dataclasses
 import time
 from typing import Any
 
-from backend_stub.models import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, TERMINAL, TIMEOUT, Task, error_info
+from backend_stub.models import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    PENDING,
+    RUNNING,
+    TERMINAL,
+    TIMEOUT,
+    Task,
+    error_info,
+)
 from backend_stub.store import Change
 
 

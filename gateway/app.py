@@ -5,8 +5,8 @@ import asyncio
 import contextlib
 import hmac
 import json
-import math
 import logging
+import math
 import os
 import random
 import re
@@ -29,15 +29,15 @@ from exports_common.config_loader import ConfigError, load_model
 from exports_common.envelope import exception_handlers, ok
 from exports_common.errors import ApiError, ErrorKind
 from exports_common.jsonlog import task_id_var, trace_id_var
+from exports_common.signing import DownloadSigner
 from gateway import openapi, telemetry
+from gateway.breakers import STATES, Breakers
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
+from gateway.outbox_drainer import OutboxDrainer
 from gateway.response import GatewayResponse
 from gateway.runtime import Runtime, build_runtime, upstreams_of
-from gateway.breakers import STATES, Breakers
-from gateway.outbox_drainer import OutboxDrainer
 from gateway.services import Services, open_state
-from exports_common.signing import DownloadSigner
 from gateway.tenants import TenantDirectory
 from gateway.upstream import AiohttpUpstream, UpstreamError
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from exports_common.signing import DownloadSigner
 from gateway.config import GatewayConfig, RouteConfig, plugin_of
 from gateway.context import Handler
 from gateway.plugins import PLUGINS
 from gateway.proxy import Proxy
 from gateway.router import Router
 from gateway.services import Services, Upstream
-from exports_common.signing import DownloadSigner
 from gateway.tenants import TenantDirectory
 from gateway.upstream import Timeouts
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
+from exports_common.signing import DownloadSigner
 from gateway.breakers import Breakers
 from gateway.kv import KeyValue, MemoryKV, RedisKV, SqliteKV
 from gateway.outbox_store import OutboxStore, RedisOutbox, SqliteOutbox
 from gateway.retry_budget import RetryBudgets
-from exports_common.signing import DownloadSigner
 from gateway.telemetry import Metrics, Tracing
 from gateway.tenants import TenantDirectory
 from gateway.upstream import Timeouts, UpstreamClient

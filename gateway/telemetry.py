@@ -20,7 +20,12 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, Sampler, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 _installed = False

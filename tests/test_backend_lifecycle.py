@@ -14,7 +14,12 @@ import pytest
 from backend_stub.datasets import DATASETS
 from exports_common.task_ids import new_task_id
 from tests.conftest import backend_config
-from tests.helpers import assert_envelope_error, backend_create, backend_task, wait_status
+from tests.helpers import (
+    assert_envelope_error,
+    backend_create,
+    backend_task,
+    wait_status,
+)
 from tests.procs import RedisServer, Service, load_default, wait_until
 
 

@@ -12,9 +12,15 @@ import httpx
 import pytest
 import yaml
 
-from exports_common.task_ids import TASK_ID_PATTERN, new_task_id
 from exports_common.signing import DownloadSigner
-from tests.conftest import ADMIN_TOKEN, DEMO2_KEY, DEMO_KEY, backend_config, gateway_config
+from exports_common.task_ids import TASK_ID_PATTERN, new_task_id
+from tests.conftest import (
+    ADMIN_TOKEN,
+    DEMO2_KEY,
+    DEMO_KEY,
+    backend_config,
+    gateway_config,
+)
 from tests.helpers import assert_envelope_error, wait_status
 from tests.procs import Service, wait_until
 

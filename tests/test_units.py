@@ -9,11 +9,11 @@ import pytest
 
 from exports_common import webhooks
 from exports_common.netpolicy import AddressPolicy, refusal
+from exports_common.signing import DownloadSigner
 from exports_common.task_ids import is_task_id, new_task_id
 from gateway.config import RouteConfig
 from gateway.plugins.status_cache import poll_interval
 from gateway.router import Router
-from exports_common.signing import DownloadSigner
 
 
 @pytest.mark.parametrize("url", [

@@ -13,7 +13,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError, WatchError
 
 from backend_stub.models import Task
-from backend_stub.store.base import Change, Lease, callback_due, decode_cursor, encode_cursor
+from backend_stub.store.base import (
+    Change,
+    Lease,
+    callback_due,
+    decode_cursor,
+    encode_cursor,
+)
 
 _GROUP = "workers"
 

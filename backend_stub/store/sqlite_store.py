@@ -13,7 +13,13 @@ import time
 from pathlib import Path
 
 from backend_stub.models import TERMINAL, Task
-from backend_stub.store.base import Change, Lease, callback_due, decode_cursor, encode_cursor
+from backend_stub.store.base import (
+    Change,
+    Lease,
+    callback_due,
+    decode_cursor,
+    encode_cursor,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (

@@ -21,7 +21,6 @@ from gateway.response import GatewayResponse
 from gateway.services import Services
 from gateway.upstream import Timeouts, UpstreamError
 
-
 BACKSTOP_SEC = 0.25
 
 
