@@ -5,6 +5,7 @@ and never reused for another meaning.
 """
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import Any
 
@@ -67,3 +68,10 @@ class ApiError(Exception):
 
 def validation_error(field: str, reason: str) -> ApiError:
     return ApiError(ErrorKind.VALIDATION, f"{field}: {reason}", data={"field": field, "reason": reason})
+
+
+def unavailable(why: str, retry_after_sec: float, data: Any = None) -> ApiError:
+    """503 with `Retry-After` in whole seconds (at least 1), and the wait named in the message."""
+    seconds = str(max(1, math.ceil(retry_after_sec)))
+    return ApiError(ErrorKind.UNAVAILABLE, f"{why}; retry after {seconds} s", data=data,
+                    headers={"Retry-After": seconds})

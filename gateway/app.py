@@ -6,7 +6,6 @@ import contextlib
 import hmac
 import json
 import logging
-import math
 import os
 import random
 import re
@@ -27,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.envelope import exception_handlers, ok
-from exports_common.errors import ApiError, ErrorKind
+from exports_common.errors import ApiError, ErrorKind, unavailable
 from exports_common.jsonlog import task_id_var, trace_id_var
 from exports_common.signing import DownloadSigner
 from gateway import openapi, telemetry
@@ -48,9 +47,8 @@ OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 
 def upstream_error(exc: UpstreamError) -> ApiError:
     if exc.kind == "circuit_open":
-        seconds = str(max(1, math.ceil(exc.retry_after or 1)))
-        return ApiError(ErrorKind.UNAVAILABLE, "the upstream is failing and its circuit breaker is open; "
-                        f"retry after {seconds} s", data={"reason": exc.kind}, headers={"Retry-After": seconds})
+        return unavailable("the upstream is failing and its circuit breaker is open", exc.retry_after or 1,
+                           data={"reason": exc.kind})
     if exc.kind == "timeout":
         return ApiError(ErrorKind.UPSTREAM_TIMEOUT)
     return ApiError(ErrorKind.UPSTREAM_UNREACHABLE, data={"reason": exc.kind})

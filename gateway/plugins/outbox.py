@@ -10,12 +10,11 @@ same plugin answers PENDING for a task still waiting in the outbox.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from exports_common.errors import ApiError, ErrorKind
+from exports_common.errors import unavailable
 from exports_common.timefmt import rfc3339
 from gateway.context import Handler, RequestContext
 from gateway.outbox_store import OutboxItem, new_item
@@ -69,9 +68,7 @@ class Outbox:
     async def _degrade(self, ctx: RequestContext, retry_after: float | None) -> GatewayResponse:
         if self.settings.mode == "reject" or ctx.task_id is None or ctx.tenant is None:
             self.metrics.degraded.add(self.route, "reject")
-            seconds = str(max(1, math.ceil(retry_after or self.settings.retry_after_sec)))
-            raise ApiError(ErrorKind.UNAVAILABLE, f"the export service is unavailable; retry after {seconds} s",
-                           headers={"Retry-After": seconds})
+            raise unavailable("the export service is unavailable", retry_after or self.settings.retry_after_sec)
         headers = [(k, v) for k, v in upstream_headers(ctx) if k != "x-gateway-attempt"]
         item = new_item(ctx.task_id, ctx.tenant, ctx.upstream, ctx.method, ctx.upstream_path, headers,
                         ctx.body or b"")

@@ -7,13 +7,12 @@ connect error, timeout, open breaker or 5xx the remembered answer is served with
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import ClassVar
 
 from pydantic import Field
 
-from exports_common.errors import ApiError, ErrorKind
+from exports_common.errors import unavailable
 from gateway.context import Handler, RequestContext
 from gateway.plugins.base import Settings
 from gateway.response import GatewayResponse, freeze, thaw
@@ -57,9 +56,8 @@ class StaleIfError:
         raw = await self.store.get(key)
         if raw is None:
             self.metrics.degraded.add(self.route, "unavailable")
-            seconds = str(max(1, math.ceil(retry_after or self.settings.retry_after_sec)))
-            raise ApiError(ErrorKind.UNAVAILABLE, "the upstream cannot answer and no earlier state is known; "
-                           f"retry after {seconds} s", headers={"Retry-After": seconds})
+            raise unavailable("the upstream cannot answer and no earlier state is known",
+                              retry_after or self.settings.retry_after_sec)
         self.metrics.degraded.add(self.route, "stale")
         resp, stored_at = thaw(raw)
         resp.set_header("x-degraded", "stale")
