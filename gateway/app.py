@@ -87,7 +87,6 @@ class Gateway:
             client=AiohttpUpstream(pool), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
             signer=DownloadSigner(config.download_signing.secrets), upstreams=upstreams_of(config),
             state=open_state(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
-            redis=redis,
         )
         metrics.observe_gauge("gateway_breaker_state", "0 closed, 1 half-open, 2 open", lambda: [
             (STATES.get(b.state, 2), {"upstream": name}) for name, b in services.breakers.by_upstream.items()])

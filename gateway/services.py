@@ -52,7 +52,6 @@ class Services:
     breakers: Breakers
     retry_budgets: RetryBudgets = field(default_factory=RetryBudgets)
     public_base_url: str = ""
-    redis: aioredis.Redis | None = None
 
     @property
     def status_cache(self) -> KeyValue:
