@@ -67,13 +67,19 @@ class MemoryKV:
 class SqliteKV:
     """Durable across restarts of one gateway process; statements are sub-millisecond."""
 
+    PURGE_EVERY = 1000  # writes between deletions of expired rows
+
     def __init__(self, path: Path, table: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.table = table
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"CREATE TABLE IF NOT EXISTS {table} (k TEXT PRIMARY KEY, expires REAL, v BLOB)")
-        self.db.execute(f"DELETE FROM {table} WHERE expires <= ?", (time.time(),))
+        self._writes = 0
+        self._purge()
+
+    def _purge(self) -> None:
+        self.db.execute(f"DELETE FROM {self.table} WHERE expires <= ?", (time.time(),))
 
     async def get(self, key: str) -> bytes | None:
         row = self.db.execute(f"SELECT v FROM {self.table} WHERE k = ? AND expires > ?", (key, time.time())).fetchone()
@@ -81,6 +87,9 @@ class SqliteKV:
 
     async def set(self, key: str, value: bytes, ttl: float) -> None:
         self.db.execute(f"INSERT OR REPLACE INTO {self.table} VALUES (?,?,?)", (key, time.time() + ttl, value))
+        self._writes += 1
+        if self._writes % self.PURGE_EVERY == 0:
+            self._purge()
 
     async def add(self, key: str, value: bytes, ttl: float) -> bool:
         now = time.time()

@@ -15,8 +15,9 @@ class Received:
 
 
 class Receiver:
-    def __init__(self, statuses: list[int] | None = None) -> None:
+    def __init__(self, statuses: list[int] | None = None, delay_sec: float = 0.0) -> None:
         self.statuses = list(statuses or [])  # answered in order; 204 once they run out
+        self.delay_sec = delay_sec
         self.received: list[Received] = []
         self.lock = threading.Lock()
         receiver = self
@@ -28,6 +29,7 @@ class Receiver:
                     receiver.received.append(Received(time.monotonic(), {k.lower(): v for k, v in self.headers.items()},
                                                       body))
                     status = receiver.statuses.pop(0) if receiver.statuses else 204
+                time.sleep(receiver.delay_sec)  # a slow receiver, for the tests that need one
                 self.send_response(status)
                 if status in (301, 302, 307):
                     self.send_header("Location", "http://127.0.0.1:9/elsewhere")

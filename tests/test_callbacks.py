@@ -141,3 +141,18 @@ def test_trace_continues_from_client_to_callback(services: Callable[..., Service
         assert receiver.received[0].headers["traceparent"].split("-")[1] == trace_id
     wait_status(backend.url, task_id)
     assert trace_id in backend.log(), "the worker's log lines carry the trace id"
+
+
+def test_slow_receiver_never_blocks_exports(services: Callable[..., Service], tmp_path: Path) -> None:
+    backend = callback_backend(services, tmp_path, timeout_sec=8)
+    with Receiver(delay_sec=6) as receiver:
+        slow = [backend_create(backend.url, {"export_type": "report_export", "callback_url": receiver.url},
+                               tenant="demo").json()["data"]["task_id"] for _ in range(3)]
+        wait_until(lambda: receiver.count() >= 1, 15, what="a delivery to be under way")
+        others = [backend_create(backend.url, {"export_type": "report_export"}).json()["data"]["task_id"]
+                  for _ in range(4)]
+        for task_id in others:
+            assert wait_status(backend.url, task_id, timeout=5)["status"] == "COMPLETED"
+        assert all(callback_state(backend, t)["state"] == "PENDING" for t in slow), "receivers still answering"
+        wait_until(lambda: all(callback_state(backend, t)["state"] == "DELIVERED" for t in slow), 20,
+                   what="the slow deliveries")

@@ -384,3 +384,19 @@ def test_reload_refuses_a_broken_config_and_applies_a_good_one(services: Callabl
     gateway.config_path.write_text(yaml.safe_dump(config))
     wait_until(lambda: httpx.get(f"{gateway.url}{API}", headers={"Authorization": f"Bearer {DEMO_KEY}"}
                                  ).status_code == 401, 10, what="the file watcher to apply the new config")
+
+
+def test_console_tracing_records_a_span_per_request_and_upstream_call(services: Callable[..., Service],
+                                                                     tmp_path: Path) -> None:
+    backend = services("backend_stub", backend_config(tmp_path))
+    gateway = services("gateway", gateway_config(tmp_path, backend.url, tracing={"exporter": "console"}))
+    trace_id = "5bf92f3577b34da6a3ce929d0e0e4736"
+    httpx.get(f"{gateway.url}{API}?limit=1", headers={"Authorization": f"Bearer {DEMO_KEY}",
+                                                       "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
+
+    def spans() -> list[str]:
+        log = gateway.log()
+        return [name for name in ("GET /api/v1/exports", "upstream exports") if f'"name": "{name}"' in log]
+
+    assert wait_until(lambda: len(spans()) == 2, 10, what="both spans in the console exporter's output")
+    assert f"0x{trace_id}" in gateway.log()
