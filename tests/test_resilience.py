@@ -179,8 +179,9 @@ def test_client_errors_never_open_the_breaker(services: Callable[..., Service], 
 def test_injected_503s_are_absorbed_within_the_retry_budget(services: Callable[..., Service],
                                                             tmp_path: Path) -> None:
     backend = services("backend_stub", backend_config(tmp_path, http_fault={"error_rate": 0.1}))
+    # the breaker is not under test here: at 10% failures, 5 in a row happen once in a few thousand tries
     gateway = resilient_gateway(services, tmp_path, backend, timeout={"connect": 1, "read": 5, "total": 10},
-                                circuit_breaker={"fail_max": 5, "reset_timeout_sec": 2})
+                                circuit_breaker={"fail_max": 10, "reset_timeout_sec": 2})
     before = backend_requests(backend)
     n = 400
 
@@ -194,9 +195,10 @@ def test_injected_503s_are_absorbed_within_the_retry_budget(services: Callable[.
             return await asyncio.gather(*(one() for _ in range(n)))
 
     answers = asyncio.run(load())
-    failed = sum(1 for r in answers if r.status_code != 200)
+    failed = [r for r in answers if r.status_code != 200]
     sent = backend_requests(backend) - before
-    assert failed <= n * 0.01, f"{failed} of {n} failed for the client"
+    assert len(failed) <= n * 0.01, (f"{len(failed)} of {n} failed for the client", stats(gateway)["retry_budget"],
+                                     [(r.status_code, r.headers.get("x-gateway-attempts")) for r in failed])
     assert sent <= n * 1.2, f"the backend saw {sent} requests for {n}"
     assert "x-gateway-attempts" in answers[0].headers
     retried = [r for r in answers if r.headers["x-gateway-attempts"] != "1"]

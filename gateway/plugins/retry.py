@@ -127,8 +127,13 @@ class Retry:
         return resp, None, None
 
     def _delay(self, ctx: RequestContext, attempt: int, hint: float | None) -> float | None:
-        """Seconds to wait before the next try, or None when it would not fit in the total deadline."""
-        delay = hint if hint is not None else self._backoff(attempt)
+        """Seconds to wait before the next try, or None when it would not fit in the total deadline.
+
+        The jittered backoff is added to an upstream's Retry-After too: otherwise every request
+        refused in the same instant comes back in the same instant, and the in-flight cap of the
+        budget turns most of them away.
+        """
+        delay = (hint or 0.0) + self._backoff(attempt)
         if ctx.deadline is not None and time.monotonic() + delay >= ctx.deadline:
             return None
         return delay
