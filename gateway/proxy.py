@@ -5,6 +5,7 @@ Hop-by-hop headers are dropped both ways; the headers the upstream trusts
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import AsyncIterator
 
@@ -16,6 +17,8 @@ from gateway.response import GatewayResponse
 from gateway.services import Services, Upstream
 from gateway.upstream import Timeouts, UpstreamError
 
+# the socket timeouts, cut to the deadline, normally fire first; this only catches a slow drip
+DEADLINE_SLACK_SEC = 0.25
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
     "transfer-encoding", "upgrade", "host", "content-length",
@@ -104,6 +107,18 @@ class Proxy:
             raise UpstreamError("timeout", "the request's total time ran out before this try")
         return Timeouts(connect=min(timeouts.connect, left), read=min(timeouts.read, left))
 
+    async def _send(self, ctx: RequestContext, url: str, body: bytes | LimitedBody | None) -> GatewayResponse:
+        timeouts = self._timeouts(ctx)
+        send = self.services.client.request(ctx.method, url, upstream_headers(ctx), body, timeouts)
+        if ctx.deadline is None:
+            return await send
+        try:
+            # socket timeouts bound each read; this bounds the try as a whole to the request's deadline
+            async with asyncio.timeout_at(ctx.deadline + DEADLINE_SLACK_SEC):
+                return await send
+        except TimeoutError as exc:
+            raise UpstreamError("timeout", "no answer within the route's total time") from exc
+
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         query = ctx.request.scope["query_string"].decode("latin-1") if ctx.query is None else ctx.query
         url = f"{self.upstream.url}{ctx.upstream_path}" + (f"?{query}" if query else "")
@@ -113,8 +128,7 @@ class Proxy:
         with self.services.tracing.client(f"upstream {self.upstream.name}",
                                           {"http.request.method": ctx.method, "url.full": url}) as span:
             try:
-                resp = await self.services.client.request(ctx.method, url, upstream_headers(ctx), body,
-                                                          self._timeouts(ctx))
+                resp = await self._send(ctx, url, body)
             except Exception as exc:
                 if isinstance(body, LimitedBody) and body.exceeded:
                     raise too_large(self.max_body_bytes) from exc
