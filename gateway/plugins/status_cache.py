@@ -62,8 +62,7 @@ class StatusCache:
         if raw is not None:
             self.metrics.cache.add(self.route, "hit")
             return _answer(raw, "HIT")
-        leader = self._in_flight.get(key)
-        if leader is not None:
+        while (leader := self._in_flight.get(key)) is not None:
             try:
                 shared = await asyncio.shield(leader)
                 self.metrics.cache.add(self.route, "coalesced")
@@ -71,7 +70,7 @@ class StatusCache:
             except asyncio.CancelledError:
                 if not leader.cancelled():
                     raise
-                # the leader's client went away: fetch for ourselves
+                # the leader's client went away: follow the next leader, or become it
         self.metrics.cache.add(self.route, "miss")
         return _answer(await self._fetch(ctx, key), "MISS")
 
@@ -88,7 +87,8 @@ class StatusCache:
             future.exception()  # retrieved here, so an unawaited future does not warn
             raise
         finally:
-            del self._in_flight[key]
+            if self._in_flight.get(key) is future:
+                del self._in_flight[key]
         future.set_result(snapshot)
         return snapshot
 
