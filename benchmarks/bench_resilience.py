@@ -21,13 +21,10 @@ import httpx
 from benchmarks import wrk
 from benchmarks.harness import AUTH, Processes, processes, submit_and_wait
 from tests.conftest import backend_config, gateway_config
+from tests.helpers import backend_requests
 from tests.test_resilience import tuned
 
 API = "/api/v1/exports"
-
-
-def backend_requests(url: str) -> int:
-    return int(httpx.get(f"{url}/healthz").json()["data"]["requests"])
 
 
 async def offered_load(url: str, n: int, concurrency: int = 32) -> list[int]:

@@ -39,3 +39,15 @@ def assert_envelope_error(resp: httpx.Response, status: int, code: int) -> dict[
     assert body["code"] == code, body
     assert isinstance(body["message"], str) and body["message"]
     return body
+
+
+def upstream_calls(gateway_url: str, route: str) -> int:
+    """Calls the gateway made upstream for `route`, from its own metrics."""
+    text = httpx.get(f"{gateway_url}/metrics").text
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("gateway_upstream_calls_total{") and f'route="{route}"' in line))
+
+
+def backend_requests(backend_url: str) -> int:
+    """API requests the backend has served, from its own count."""
+    return int(httpx.get(f"{backend_url}/healthz").json()["data"]["requests"])

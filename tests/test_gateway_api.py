@@ -21,7 +21,7 @@ from tests.conftest import (
     backend_config,
     gateway_config,
 )
-from tests.helpers import assert_envelope_error, wait_status
+from tests.helpers import assert_envelope_error, upstream_calls, wait_status
 from tests.procs import Service, wait_until
 
 API = "/api/v1/exports"
@@ -46,10 +46,8 @@ class Stack:
         return wait_status(self.gateway.url, task_id, path=f"{API}/", headers={"Authorization": f"Bearer {key}"},
                            **kwargs)
 
-    def upstream_calls(self, route: str) -> float:
-        text = httpx.get(f"{self.gateway.url}/metrics").text
-        pattern = re.compile(r'^gateway_upstream_calls_total\{([^}]*)\} ([0-9.e+]+)$', re.M)
-        return sum(float(v) for labels, v in pattern.findall(text) if f'route="{route}"' in labels)
+    def upstream_calls(self, route: str) -> int:
+        return upstream_calls(self.gateway.url, route)
 
 
 @pytest.fixture(scope="module")

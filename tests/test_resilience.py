@@ -10,7 +10,7 @@ from typing import Any, Callable
 import httpx
 
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
-from tests.helpers import assert_envelope_error, wait_status
+from tests.helpers import assert_envelope_error, backend_requests, upstream_calls, wait_status
 from tests.procs import Service, wait_until
 
 API = "/api/v1/exports"
@@ -41,19 +41,6 @@ def breaker_state(gateway: Service) -> str:
 
 def stats(gateway: Service) -> dict[str, Any]:
     return httpx.get(f"{gateway.url}/admin/stats", headers=ADMIN).json()["data"]
-
-
-def upstream_calls(gateway: Service, route: str) -> int:
-    text = httpx.get(f"{gateway.url}/metrics").text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("gateway_upstream_calls_total{") and f'route="{route}"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return int(total)
-
-
-def backend_requests(backend: Service) -> int:
-    return int(httpx.get(f"{backend.url}/healthz").json()["data"]["requests"])
 
 
 def test_backend_killed_then_restarted(services: Callable[..., Service], tmp_path: Path) -> None:
@@ -106,7 +93,7 @@ def test_backend_hung_timeouts_budget_breaker_and_recovery(services: Callable[..
     gateway = resilient_gateway(services, tmp_path, backend, circuit_breaker={"fail_max": 40, "reset_timeout_sec": 2})
     task_id = httpx.post(f"{gateway.url}{API}", json={"export_type": "slow_export"}, headers=AUTH).json()["data"]["task_id"]
     wait_status(gateway.url, task_id, {"RUNNING"}, path=f"{API}/", headers=AUTH)
-    before = upstream_calls(gateway, "list")
+    before = upstream_calls(gateway.url, "list")
     backend.signal(signal.SIGSTOP)
     try:
         async def clients(n: int) -> list[tuple[httpx.Response, float]]:
@@ -121,7 +108,7 @@ def test_backend_hung_timeouts_budget_breaker_and_recovery(services: Callable[..
             assert_envelope_error(resp, 504, 50400)
             # each try ends at its 1 s read timeout; the 2.5 s total bounds the whole request
             assert 0.95 <= elapsed <= 3.0, f"took {elapsed:.2f} s"
-        calls = upstream_calls(gateway, "list") - before
+        calls = upstream_calls(gateway.url, "list") - before
         # 20 first tries; retries only within the budget: max(3, 20% of 20) = 4 in flight at once, 2 rounds
         assert 20 < calls <= 20 + 4 * 2, calls
         assert stats(gateway)["retry_budget"]["exports"]["exhausted_total"] > 0
@@ -153,14 +140,14 @@ def test_half_open_lets_exactly_one_trial_through(services: Callable[..., Servic
         assert breaker_state(gateway) == "open"
         wait_until(lambda: httpx.get(f"{gateway.url}/admin/breakers", headers=ADMIN).json()["data"]["exports"][
             "seconds_to_trial"] == 0, 10, what="the reset timeout to pass")
-        before = upstream_calls(gateway, "list")
+        before = upstream_calls(gateway.url, "list")
 
         async def burst() -> list[httpx.Response]:
             async with httpx.AsyncClient(base_url=gateway.url, headers=AUTH, timeout=20) as client:
                 return await asyncio.gather(*(client.get(API) for _ in range(10)))
 
         answers = asyncio.run(burst())
-        assert upstream_calls(gateway, "list") - before == 1
+        assert upstream_calls(gateway.url, "list") - before == 1
         assert sorted(r.status_code for r in answers) == [503] * 9 + [504]
     finally:
         backend.signal(signal.SIGCONT)
@@ -182,7 +169,7 @@ def test_injected_503s_are_absorbed_within_the_retry_budget(services: Callable[.
     # the breaker is not under test here: at 10% failures, 5 in a row happen once in a few thousand tries
     gateway = resilient_gateway(services, tmp_path, backend, timeout={"connect": 1, "read": 5, "total": 10},
                                 circuit_breaker={"fail_max": 10, "reset_timeout_sec": 2})
-    before = backend_requests(backend)
+    before = backend_requests(backend.url)
     n = 400
 
     async def load() -> list[httpx.Response]:
@@ -196,7 +183,7 @@ def test_injected_503s_are_absorbed_within_the_retry_budget(services: Callable[.
 
     answers = asyncio.run(load())
     failed = [r for r in answers if r.status_code != 200]
-    sent = backend_requests(backend) - before
+    sent = backend_requests(backend.url) - before
     assert len(failed) <= n * 0.01, (f"{len(failed)} of {n} failed for the client", stats(gateway)["retry_budget"],
                                      [(r.status_code, r.headers.get("x-gateway-attempts")) for r in failed])
     assert sent <= n * 1.2, f"the backend saw {sent} requests for {n}"
