@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -45,13 +47,19 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 
 
-def upstream_error(exc: UpstreamError) -> ApiError:
+@functools.lru_cache(maxsize=64)
+def _circuit_open(retry_after_sec: int) -> GatewayResponse:
+    # an open breaker refuses a flood of calls with a few dozen distinct answers: each is encoded once
+    return GatewayResponse.error(unavailable("the upstream is failing and its circuit breaker is open",
+                                             retry_after_sec, data={"reason": "circuit_open"}))
+
+
+def upstream_error(exc: UpstreamError) -> GatewayResponse:
     if exc.kind == "circuit_open":
-        return unavailable("the upstream is failing and its circuit breaker is open", exc.retry_after or 1,
-                           data={"reason": exc.kind})
+        return _circuit_open(math.ceil(exc.retry_after or 1)).copy()
     if exc.kind == "timeout":
-        return ApiError(ErrorKind.UPSTREAM_TIMEOUT)
-    return ApiError(ErrorKind.UPSTREAM_UNREACHABLE, data={"reason": exc.kind})
+        return GatewayResponse.error(ApiError(ErrorKind.UPSTREAM_TIMEOUT))
+    return GatewayResponse.error(ApiError(ErrorKind.UPSTREAM_UNREACHABLE, data={"reason": exc.kind}))
 
 
 class Gateway:
@@ -183,10 +191,9 @@ class Gateway:
         except ApiError as exc:
             return GatewayResponse.error(exc)
         except UpstreamError as exc:
-            # an open breaker is logged once, when it opens, not for every call it refuses
-            level = logging.DEBUG if exc.kind == "circuit_open" else logging.WARNING
-            log.log(level, "upstream failed", extra={"route": ctx.route_name, "error": str(exc)})
-            return GatewayResponse.error(upstream_error(exc))
+            if exc.kind != "circuit_open":  # an open breaker is logged when it opens, not for every refusal
+                log.warning("upstream failed", extra={"route": ctx.route_name, "error": str(exc)})
+            return upstream_error(exc)
         except Exception:
             log.exception("request failed inside the gateway", extra={"route": ctx.route_name})
             return GatewayResponse.error(ApiError(ErrorKind.INTERNAL))

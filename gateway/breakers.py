@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime, timezone
+import time
 from typing import Awaitable, Callable
 
 import pybreaker
@@ -41,6 +41,8 @@ class Breaker:
             listeners=[_Report(metrics)],
         )
         self.trial_in_flight = False
+        self._opened: object = None
+        self._opened_ts = 0.0
 
     @property
     def state(self) -> str:
@@ -50,7 +52,9 @@ class Breaker:
         opened = self.cb._state_storage.opened_at  # pybreaker keeps it there; no public accessor
         if self.state != "open" or opened is None:
             return 0.0
-        return max(0.0, self.cb.reset_timeout - (datetime.now(timezone.utc) - opened).total_seconds())
+        if opened is not self._opened:  # asked on every refused call: convert each opening's datetime once
+            self._opened, self._opened_ts = opened, opened.timestamp()
+        return max(0.0, self.cb.reset_timeout - (time.time() - self._opened_ts))
 
     def configure(self, fail_max: int, reset_timeout: float) -> None:
         self.cb.fail_max = fail_max

@@ -39,6 +39,10 @@ class GatewayResponse:
             resp.set_header(name, value)
         return resp
 
+    def copy(self) -> "GatewayResponse":
+        """A copy whose headers can change; only for an answer whose body is bytes."""
+        return GatewayResponse(self.status, list(self.headers), self.body)
+
     def header(self, name: str) -> str | None:
         name = name.lower()
         return next((v for k, v in self.headers if k == name), None)

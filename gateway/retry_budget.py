@@ -10,11 +10,9 @@ Two limits, both from the route's `ratio` and `min_concurrent`:
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator
 
 WINDOW_SEC = 10
 
@@ -37,15 +35,13 @@ class RetryBudget:
             self._window.append([now, 0, 0])
         return self._window[-1]
 
-    @contextlib.contextmanager
-    def request(self) -> Iterator[None]:
+    def request_started(self) -> None:
         self._bucket()[1] += 1
         self.requests_total += 1
         self.requests_in_flight += 1
-        try:
-            yield
-        finally:
-            self.requests_in_flight -= 1
+
+    def request_ended(self) -> None:
+        self.requests_in_flight -= 1
 
     def try_acquire(self, ratio: float, min_concurrent: int) -> bool:
         bucket = self._bucket()

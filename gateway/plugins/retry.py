@@ -79,8 +79,11 @@ class Retry:
             ctx.body = await read_limited(ctx.request.stream(), self.settings.max_body_bytes,
                                           ctx.request.headers.get("content-length"))
         budget = self.services.retry_budgets.get(ctx.upstream)
-        with budget.request():
+        budget.request_started()
+        try:
             return await self._tries(ctx, budget)
+        finally:
+            budget.request_ended()
 
     async def _tries(self, ctx: RequestContext, budget: RetryBudget) -> GatewayResponse:
         """Try, and while the answer is worth retrying and time and budget allow, back off and try again.
