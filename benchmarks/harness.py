@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -29,6 +30,19 @@ class Processes:
     def stop_all(self) -> None:
         for service in reversed(self.started):
             service.stop()
+
+
+SERVER_CPU, LOAD_CPU = 0, (os.cpu_count() or 1) - 1
+
+
+def pin(service: Service) -> None:
+    """Keep a measured server on SERVER_CPU; pass `cpu=LOAD_CPU` to wrk.run for the load.
+
+    On two cores, a server and wrk left to the scheduler sometimes share one core
+    for a whole run and sometimes do not; a comparison then measures where they landed.
+    """
+    assert service.proc is not None
+    os.sched_setaffinity(service.proc.pid, {SERVER_CPU})
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ long before the servers here do, and the machine has only two.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -41,7 +42,8 @@ def require_wrk() -> str:
 
 
 def run(url: str, seconds: float = 8, connections: int = 32, threads: int = 1, headers: dict[str, str] | None = None,
-        lua: str | None = None) -> WrkResult:
+        lua: str | None = None, cpu: int | None = None) -> WrkResult:
+    """`cpu`: run wrk on that core alone (see harness.pin)."""
     cmd = [require_wrk(), f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency"]
     for name, value in (headers or {}).items():
         cmd += ["-H", f"{name}: {value}"]
@@ -50,7 +52,9 @@ def run(url: str, seconds: float = 8, connections: int = 32, threads: int = 1, h
             script = Path(tmp) / "script.lua"
             script.write_text(lua)
             cmd += ["-s", str(script)]
-        out = subprocess.run(cmd + [url], capture_output=True, text=True, timeout=seconds + 30).stdout
+        pinned = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
+        out = subprocess.run(cmd + [url], capture_output=True, text=True, timeout=seconds + 30,
+                             preexec_fn=pinned).stdout
     if "Requests/sec" not in out:
         raise RuntimeError(f"wrk printed no summary for {url}:\n{out}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]

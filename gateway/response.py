@@ -49,7 +49,9 @@ class GatewayResponse:
 
     def set_header(self, name: str, value: str) -> None:
         name = name.lower()
-        self.headers = [(k, v) for k, v in self.headers if k != name] + [(name, value)]
+        if any(k == name for k, _ in self.headers):
+            self.headers = [(k, v) for k, v in self.headers if k != name]
+        self.headers.append((name, value))
 
     @property
     def is_json(self) -> bool:

@@ -70,4 +70,7 @@ class RetryBudgets:
         self.by_upstream: dict[str, RetryBudget] = {}
 
     def get(self, upstream: str) -> RetryBudget:
-        return self.by_upstream.setdefault(upstream, RetryBudget())
+        budget = self.by_upstream.get(upstream)
+        if budget is None:  # not setdefault: that would build a budget on every request
+            budget = self.by_upstream[upstream] = RetryBudget()
+        return budget

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from gateway.breakers import guarded
+from gateway.breakers import Breaker, guarded
 from gateway.context import Handler, RequestContext
 from gateway.plugins.base import Settings
 from gateway.response import GatewayResponse
@@ -40,7 +40,11 @@ class CircuitBreaker:
         self.settings = settings
         self.failures = frozenset(settings.failure_statuses)
         self.breakers = services.breakers
+        self.breaker: Breaker | None = None
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        breaker = self.breakers.get(ctx.upstream, self.settings.fail_max, self.settings.reset_timeout_sec)
+        breaker = self.breaker
+        if breaker is None:  # a route has one upstream; after a reload, its first call applies the new settings
+            breaker = self.breaker = self.breakers.get(ctx.upstream, self.settings.fail_max,
+                                                       self.settings.reset_timeout_sec)
         return await guarded(breaker, lambda: self.next(ctx), self.failures)
