@@ -166,7 +166,7 @@ class Gateway:
         route = match.route
         supplied = request.headers.get("x-request-id", "")
         ctx = RequestContext(
-            request=request, route_name=route.name, upstream=route.upstream,
+            request=request, method=method, route_name=route.name, upstream=route.upstream,
             upstream_path=match.upstream_path(path), params=match.params,
             request_id=supplied if _REQUEST_ID.match(supplied) else f"{random.getrandbits(128):032x}",
         )

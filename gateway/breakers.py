@@ -49,10 +49,14 @@ class Breaker:
         return self.cb.current_state
 
     def seconds_to_trial(self) -> float:
+        return self.seconds_left_open() if self.state == "open" else 0.0
+
+    def seconds_left_open(self) -> float:
+        """Seconds until an open breaker lets a trial through; asked on every call it refuses."""
         opened = self.cb._state_storage.opened_at  # pybreaker keeps it there; no public accessor
-        if self.state != "open" or opened is None:
+        if opened is None:
             return 0.0
-        if opened is not self._opened:  # asked on every refused call: convert each opening's datetime once
+        if opened is not self._opened:  # convert each opening's datetime once, not per refusal
             self._opened, self._opened_ts = opened, opened.timestamp()
         return max(0.0, self.cb.reset_timeout - (time.time() - self._opened_ts))
 
@@ -89,7 +93,7 @@ async def guarded(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse
                   failure_statuses: frozenset[int]) -> GatewayResponse:
     """Make `call` through the breaker: an open breaker answers at once, 5xx answers count as failures."""
     state = breaker.state
-    if state == "open" and (wait := breaker.seconds_to_trial()) > 0:
+    if state == "open" and (wait := breaker.seconds_left_open()) > 0:
         raise UpstreamError("circuit_open", "the circuit breaker is open", retry_after=wait)
     if state == "half-open" and breaker.trial_in_flight:
         raise UpstreamError("circuit_open", "a trial request is testing the upstream", retry_after=1.0)

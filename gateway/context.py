@@ -17,6 +17,7 @@ from gateway.upstream import Timeouts
 @dataclass
 class RequestContext:
     request: Request
+    method: str
     route_name: str
     upstream: str
     upstream_path: str
@@ -38,10 +39,6 @@ class RequestContext:
     # headers every answer to this request carries, whichever plugin produced it
     response_headers: dict[str, str] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def method(self) -> str:
-        return self.request.method
 
 
 Handler = Callable[[RequestContext], Awaitable[GatewayResponse]]

@@ -64,6 +64,7 @@ class Retry:
         self.route = route
         self.kinds = {r for r in settings.retry_on if isinstance(r, str)}
         self.statuses = {r for r in settings.retry_on if isinstance(r, int)}
+        self.budget: RetryBudget | None = None
 
     def _idempotent(self, ctx: RequestContext) -> bool:
         return ctx.method in ("GET", "HEAD") or "x-task-id" in ctx.upstream_headers
@@ -78,7 +79,9 @@ class Retry:
         if ctx.body is None and ctx.method not in ("GET", "HEAD"):
             ctx.body = await read_limited(ctx.request.stream(), self.settings.max_body_bytes,
                                           ctx.request.headers.get("content-length"))
-        budget = self.services.retry_budgets.get(ctx.upstream)
+        budget = self.budget
+        if budget is None:  # a route has one upstream
+            budget = self.budget = self.services.retry_budgets.get(ctx.upstream)
         budget.request_started()
         try:
             return await self._tries(ctx, budget)
@@ -117,14 +120,19 @@ class Retry:
 
     async def _try(self, ctx: RequestContext, attempt: int
                    ) -> tuple[GatewayResponse | UpstreamError, object, float | None]:
-        """(answer or failure, why it is worth retrying or None, the upstream's Retry-After)."""
+        """(answer or failure, why it is worth retrying or None, the upstream's Retry-After).
+
+        A failure not worth retrying is raised at once, as it came.
+        """
         ctx.attempt = attempt
         ctx.upstream_headers["x-gateway-attempt"] = str(attempt)
         ctx.response_headers["x-gateway-attempts"] = str(attempt)
         try:
             resp = await self.next(ctx)
         except UpstreamError as exc:
-            return exc, (exc.kind if exc.kind in self.kinds else None), None
+            if exc.kind not in self.kinds:
+                raise  # straight on, with its own traceback (an open breaker's refusal takes this way)
+            return exc, exc.kind, None
         if resp.status in self.statuses:
             return resp, resp.status, retry_after_seconds(resp.header("retry-after"))
         return resp, None, None
