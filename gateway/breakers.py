@@ -36,13 +36,21 @@ class Breaker:
     def __init__(self, upstream: str, fail_max: int, reset_timeout: float, metrics: Metrics) -> None:
         self.cb = pybreaker.CircuitBreaker(
             fail_max=fail_max, reset_timeout=reset_timeout, name=upstream, throw_new_error_on_trip=False,
-            # a client that goes away says nothing about the upstream
-            exclude=[lambda exc: isinstance(exc, asyncio.CancelledError)],
+            exclude=[self._cancelled_outside_a_trial],
             listeners=[_Report(metrics)],
         )
         self.trial_in_flight = False
         self._opened: object = None
         self._opened_ts = 0.0
+
+    def _cancelled_outside_a_trial(self, exc: BaseException) -> bool:
+        """A cancelled call says nothing about the upstream, so it is not a failure.
+
+        pybreaker counts an excluded call as a success, though, and a success in
+        half-open closes the breaker: a cancelled trial is a failure instead, so the
+        breaker stays open for another `reset_timeout` rather than closing on no evidence.
+        """
+        return isinstance(exc, asyncio.CancelledError) and self.cb.current_state != "half-open"
 
     @property
     def state(self) -> str:

@@ -11,8 +11,11 @@ from exports_common import webhooks
 from exports_common.netpolicy import AddressPolicy, refusal
 from exports_common.signing import DownloadSigner
 from exports_common.task_ids import is_task_id, new_task_id
+from gateway import telemetry
+from gateway.breakers import Breaker, guarded
 from gateway.config import RouteConfig
 from gateway.plugins.status_cache import poll_interval
+from gateway.response import GatewayResponse
 from gateway.router import Router
 
 
@@ -85,3 +88,44 @@ def test_webhook_signatures_reject_tampering_replay_and_other_secrets() -> None:
     assert not webhooks.verify(secret, dict(headers, **{"webhook-id": "msg_2"}), body)
     assert not webhooks.verify(secret, headers, body, now=int(headers["webhook-timestamp"]) + 301)
     assert not webhooks.verify("whsec_" + "A" * 32, headers, body)
+
+
+async def _call_in_flight(breaker: Breaker) -> asyncio.Task[GatewayResponse]:
+    """A call through `breaker` that waits until it is cancelled."""
+    started = asyncio.Event()
+
+    async def hang() -> GatewayResponse:
+        started.set()
+        return await asyncio.get_running_loop().create_future()
+
+    task = asyncio.create_task(guarded(breaker, hang, frozenset({503})))
+    await started.wait()
+    return task
+
+
+async def test_a_cancelled_call_is_no_failure_and_a_cancelled_trial_does_not_close_the_breaker() -> None:
+    metrics, _ = telemetry.setup("test", "none")
+    breaker = Breaker("u", fail_max=1, reset_timeout=0.05, metrics=metrics)
+
+    async def unavailable() -> GatewayResponse:
+        return GatewayResponse(503)
+
+    task = await _call_in_flight(breaker)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert breaker.state == "closed"  # fail_max 1: a cancellation counted as a failure would have opened it
+
+    assert (await guarded(breaker, unavailable, frozenset({503}))).status == 503
+    assert breaker.state == "open"
+    deadline = asyncio.get_running_loop().time() + 5
+    while breaker.seconds_to_trial() > 0 and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+
+    trial = await _call_in_flight(breaker)
+    assert breaker.state == "half-open" and breaker.trial_in_flight
+    trial.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await trial
+    assert breaker.state == "open"
+    assert not breaker.trial_in_flight
