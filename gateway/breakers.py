@@ -36,21 +36,16 @@ class Breaker:
     def __init__(self, upstream: str, fail_max: int, reset_timeout: float, metrics: Metrics) -> None:
         self.cb = pybreaker.CircuitBreaker(
             fail_max=fail_max, reset_timeout=reset_timeout, name=upstream, throw_new_error_on_trip=False,
-            exclude=[self._cancelled_outside_a_trial],
+            # a cancelled request says nothing about the upstream (a trial runs on in a task of its own)
+            exclude=[lambda exc: isinstance(exc, asyncio.CancelledError)],
             listeners=[_Report(metrics)],
         )
         self.trial_in_flight = False
         self._opened: object = None
         self._opened_ts = 0.0
 
-    def _cancelled_outside_a_trial(self, exc: BaseException) -> bool:
-        """A cancelled call says nothing about the upstream, so it is not a failure.
-
-        pybreaker counts an excluded call as a success, though, and a success in
-        half-open closes the breaker: a cancelled trial is a failure instead, so the
-        breaker stays open for another `reset_timeout` rather than closing on no evidence.
-        """
-        return isinstance(exc, asyncio.CancelledError) and self.cb.current_state != "half-open"
+    def trial_done(self, _: asyncio.Future[GatewayResponse]) -> None:
+        self.trial_in_flight = False
 
     @property
     def state(self) -> str:
@@ -103,13 +98,27 @@ async def guarded(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse
     state = breaker.state
     if state == "open" and (wait := breaker.seconds_left_open()) > 0:
         raise UpstreamError("circuit_open", "the circuit breaker is open", retry_after=wait)
-    if state == "half-open" and breaker.trial_in_flight:
+    if state == "closed":
+        return await _through(breaker, call, failure_statuses)
+    if breaker.trial_in_flight:
         raise UpstreamError("circuit_open", "a trial request is testing the upstream", retry_after=1.0)
-    trial = False
+    # This call is the trial. It runs to its end even if its request is cancelled, so that the
+    # upstream's answer decides whether the breaker closes: pybreaker would count the cancellation
+    # (excluded) as a success and close it on no evidence.
+    breaker.trial_in_flight = True
+    trial = asyncio.ensure_future(_through(breaker, call, failure_statuses))
+    trial.add_done_callback(breaker.trial_done)
+    try:
+        return await asyncio.shield(trial)
+    except asyncio.CancelledError:
+        trial.add_done_callback(_release_unclaimed)
+        raise
+
+
+async def _through(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse]],
+                   failure_statuses: frozenset[int]) -> GatewayResponse:
     try:
         with breaker.cb.calling():
-            trial = breaker.state == "half-open"
-            breaker.trial_in_flight = breaker.trial_in_flight or trial
             resp = await call()
             if resp.status in failure_statuses:
                 raise _FailedStatus(resp)
@@ -117,7 +126,10 @@ async def guarded(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse
         raise UpstreamError("circuit_open", str(exc), retry_after=breaker.seconds_to_trial() or 1.0) from exc
     except _FailedStatus as failed:
         return failed.resp
-    finally:
-        if trial:
-            breaker.trial_in_flight = False
     return resp
+
+
+def _release_unclaimed(trial: asyncio.Future[GatewayResponse]) -> None:
+    """A trial whose request went away: its answer goes unread, so its connection is given back."""
+    if not trial.cancelled() and trial.exception() is None:
+        trial.result().close()

@@ -17,6 +17,7 @@ from gateway.config import RouteConfig
 from gateway.plugins.status_cache import poll_interval
 from gateway.response import GatewayResponse
 from gateway.router import Router
+from gateway.upstream import UpstreamError
 
 
 @pytest.mark.parametrize("url", [
@@ -90,42 +91,50 @@ def test_webhook_signatures_reject_tampering_replay_and_other_secrets() -> None:
     assert not webhooks.verify("whsec_" + "A" * 32, headers, body)
 
 
-async def _call_in_flight(breaker: Breaker) -> asyncio.Task[GatewayResponse]:
-    """A call through `breaker` that waits until it is cancelled."""
+async def _call_in_flight(breaker: Breaker, answer: asyncio.Future[GatewayResponse]) -> asyncio.Task[GatewayResponse]:
+    """A call through `breaker` that waits for `answer`."""
     started = asyncio.Event()
 
-    async def hang() -> GatewayResponse:
+    async def call() -> GatewayResponse:
         started.set()
-        return await asyncio.get_running_loop().create_future()
+        return await answer
 
-    task = asyncio.create_task(guarded(breaker, hang, frozenset({503})))
+    task = asyncio.create_task(guarded(breaker, call, frozenset({503})))
     await started.wait()
     return task
 
 
-async def test_a_cancelled_call_is_no_failure_and_a_cancelled_trial_does_not_close_the_breaker() -> None:
-    metrics, _ = telemetry.setup("test", "none")
-    breaker = Breaker("u", fail_max=1, reset_timeout=0.05, metrics=metrics)
-
-    async def unavailable() -> GatewayResponse:
-        return GatewayResponse(503)
-
-    task = await _call_in_flight(breaker)
+async def _cancelled(task: asyncio.Task[GatewayResponse]) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert breaker.state == "closed"  # fail_max 1: a cancellation counted as a failure would have opened it
 
-    assert (await guarded(breaker, unavailable, frozenset({503}))).status == 503
+
+async def test_a_cancelled_request_is_no_failure_and_a_trial_runs_to_its_end_to_decide() -> None:
+    metrics, _ = telemetry.setup("test", "none")
+    breaker = Breaker("u", fail_max=1, reset_timeout=0.05, metrics=metrics)
+    loop = asyncio.get_running_loop()
+
+    await _cancelled(await _call_in_flight(breaker, loop.create_future()))
+    assert breaker.state == "closed"  # fail_max 1: counted as a failure, it would have opened the breaker
+
+    failing: asyncio.Future[GatewayResponse] = loop.create_future()
+    failing.set_result(GatewayResponse(503))
+    assert (await guarded(breaker, lambda: failing, frozenset({503}))).status == 503
     assert breaker.state == "open"
-    deadline = asyncio.get_running_loop().time() + 5
-    while breaker.seconds_to_trial() > 0 and asyncio.get_running_loop().time() < deadline:
+    deadline = loop.time() + 5
+    while breaker.seconds_to_trial() > 0 and loop.time() < deadline:
         await asyncio.sleep(0.01)
 
-    trial = await _call_in_flight(breaker)
-    assert breaker.state == "half-open" and breaker.trial_in_flight
-    trial.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await trial
-    assert breaker.state == "open"
+    answer: asyncio.Future[GatewayResponse] = loop.create_future()
+    await _cancelled(await _call_in_flight(breaker, answer))
+    assert breaker.state == "half-open" and breaker.trial_in_flight  # the trial goes on without its request
+    with pytest.raises(UpstreamError) as refused:
+        await guarded(breaker, lambda: answer, frozenset({503}))
+    assert refused.value.kind == "circuit_open"
+
+    released = asyncio.Event()
+    answer.set_result(GatewayResponse(200, release=released.set))
+    await asyncio.wait_for(released.wait(), 5)  # nobody reads the trial's answer: its connection goes back
+    assert breaker.state == "closed"
     assert not breaker.trial_in_flight
