@@ -35,14 +35,18 @@ class Processes:
 SERVER_CPU, LOAD_CPU = 0, (os.cpu_count() or 1) - 1
 
 
-def pin(service: Service) -> None:
-    """Keep a measured server on SERVER_CPU; pass `cpu=LOAD_CPU` to wrk.run for the load.
+def pin(service: Service, cpus: set[int] | None = None) -> None:
+    """Keep a measured server on SERVER_CPU (or `cpus`); pass `cpu=LOAD_CPU` to wrk.run for the load.
 
     On two cores, a server and wrk left to the scheduler sometimes share one core
     for a whole run and sometimes do not; a comparison then measures where they landed.
     """
     assert service.proc is not None
-    os.sched_setaffinity(service.proc.pid, {SERVER_CPU})
+    os.sched_setaffinity(service.proc.pid, cpus if cpus is not None else {SERVER_CPU})
+
+
+def unpin(service: Service) -> None:
+    pin(service, set(range(os.cpu_count() or 1)))
 
 
 @contextlib.contextmanager
