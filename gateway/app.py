@@ -19,7 +19,6 @@ from typing import AsyncIterator
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
-from opentelemetry.trace import format_trace_id
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -173,10 +172,10 @@ class Gateway:
         services = runtime.services
         started = time.perf_counter()
         with services.tracing.server(f"{method} {route.path}", request.headers,
-                                     {"http.route": route.path, "gateway.route": route.name}) as span:
-            trace_id_var.set(format_trace_id(span.get_span_context().trace_id))
+                                     {"http.route": route.path, "gateway.route": route.name}) as request_trace:
+            trace_id_var.set(request_trace.trace_id)
             resp = await self._run_chain(runtime, ctx)
-            span.set_attribute("http.response.status_code", resp.status)
+            request_trace.span.set_attribute("http.response.status_code", resp.status)
         for name, value in ctx.response_headers.items():
             resp.set_header(name, value)
         resp.set_header("x-request-id", ctx.request_id)

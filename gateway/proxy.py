@@ -9,9 +9,10 @@ import asyncio
 import time
 from typing import AsyncIterator
 
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 
 from exports_common.errors import ApiError, ErrorKind
+from gateway import telemetry
 from gateway.context import RequestContext
 from gateway.response import GatewayResponse
 from gateway.services import Services, Upstream
@@ -48,7 +49,7 @@ def upstream_headers(ctx: RequestContext) -> list[tuple[str, str]]:
     ]
     out += list(ctx.upstream_headers.items())
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    telemetry.inject(carrier)
     out += list(carrier.items())
     return out
 

@@ -11,6 +11,8 @@ import bisect
 import contextlib
 import random
 from collections import Counter
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping
 
 from opentelemetry import context, metrics, propagate, trace
@@ -110,12 +112,32 @@ class Metrics:
             lambda options: [Observation(value, attrs) for value, attrs in read()]])
 
 
+@dataclass(frozen=True)
+class ServerTrace:
+    trace_id: str  # 32 hex digits, for the logs
+    span: trace.Span  # INVALID_SPAN when nothing records: setting attributes on it does nothing
+
+
+# a request with no exporter and no traceparent: its fresh (trace id, span id), made into a
+# traceparent only when a call leaves the gateway
+_fresh_ids: ContextVar[tuple[int, int] | None] = ContextVar("fresh_trace_ids", default=None)
+
+
+def inject(carrier: dict[str, str]) -> None:
+    """W3C trace headers for a call out of the gateway, whichever way the request is traced."""
+    propagate.inject(carrier)
+    if "traceparent" not in carrier and (ids := _fresh_ids.get()) is not None:
+        carrier["traceparent"] = f"00-{ids[0]:032x}-{ids[1]:016x}-00"
+
+
 class Tracing:
     """Spans when there is somewhere to send them; W3C trace ids propagate either way.
 
-    With no exporter, creating even unsampled SDK spans costs a few dozen
-    microseconds a request for nothing, so then only the context is carried: the
-    client's `traceparent`, or a fresh trace id when it sent none.
+    With no exporter, even unsampled SDK spans, or just an OpenTelemetry context
+    attached per request, cost microseconds a request for nothing: then the
+    client's `traceparent` is carried as it came, and a request without one gets
+    a fresh trace id that becomes a `traceparent` only if a call goes upstream
+    (`inject`). A cache hit never builds one.
     """
 
     def __init__(self, tracer: trace.Tracer, recording: bool) -> None:
@@ -123,27 +145,34 @@ class Tracing:
         self.recording = recording
 
     @staticmethod
-    def _parent(headers: Mapping[str, str]) -> context.Context:
-        if "traceparent" in headers:
-            parent = propagate.extract(headers)
-            if trace.get_current_span(parent).get_span_context().is_valid:
-                return parent
-        root = trace.SpanContext(random.getrandbits(128) or 1, random.getrandbits(64) or 1, is_remote=False)
-        return trace.set_span_in_context(trace.NonRecordingSpan(root))
+    def _client_context(headers: Mapping[str, str]) -> context.Context | None:
+        if "traceparent" not in headers:
+            return None
+        parent = propagate.extract(headers)
+        return parent if trace.get_current_span(parent).get_span_context().is_valid else None
 
     @contextlib.contextmanager
-    def server(self, name: str, headers: Mapping[str, str], attributes: dict[str, Any]) -> Iterator[trace.Span]:
-        parent = self._parent(headers)
+    def server(self, name: str, headers: Mapping[str, str], attributes: dict[str, Any]) -> Iterator[ServerTrace]:
+        parent = self._client_context(headers)
         if self.recording:
             with self.tracer.start_as_current_span(name, context=parent, kind=trace.SpanKind.SERVER,
                                                    attributes=attributes) as span:
-                yield span
+                yield ServerTrace(trace.format_trace_id(span.get_span_context().trace_id), span)
             return
-        token = context.attach(parent)
+        if parent is not None:
+            token = context.attach(parent)
+            try:
+                trace_id = trace.get_current_span(parent).get_span_context().trace_id
+                yield ServerTrace(trace.format_trace_id(trace_id), trace.INVALID_SPAN)
+            finally:
+                context.detach(token)
+            return
+        ids = (random.getrandbits(128) or 1, random.getrandbits(64) or 1)
+        fresh = _fresh_ids.set(ids)
         try:
-            yield trace.get_current_span(parent)
+            yield ServerTrace(f"{ids[0]:032x}", trace.INVALID_SPAN)
         finally:
-            context.detach(token)
+            _fresh_ids.reset(fresh)
 
     @contextlib.contextmanager
     def client(self, name: str, attributes: dict[str, Any]) -> Iterator[trace.Span]:

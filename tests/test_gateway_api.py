@@ -327,6 +327,14 @@ def test_proxy_headers_both_ways(stack: Stack) -> None:
     assert_envelope_error(too_big, 413, 41300)
 
 
+def test_a_request_without_traceparent_starts_a_trace_upstream(stack: Stack) -> None:
+    with stack.client() as c:
+        sent = [{k: v for k, v in c.get("/echo/x").json()["data"]["headers"]}["traceparent"] for _ in range(2)]
+    for traceparent in sent:
+        assert re.fullmatch(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-0[01]", traceparent), traceparent
+    assert sent[0].split("-")[1] != sent[1].split("-")[1], "each request gets a trace of its own"
+
+
 def test_ops_endpoints(stack: Stack) -> None:
     with stack.client(None) as c:
         assert c.get("/healthz").json()["data"]["status"] == "ok"
