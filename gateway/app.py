@@ -180,7 +180,7 @@ class Gateway:
             resp.set_header(name, value)
         resp.set_header("x-request-id", ctx.request_id)
         services.metrics.requests.add(route.name, str(resp.status))
-        services.metrics.duration.record(route.name, time.perf_counter() - started)
+        services.metrics.duration.record(time.perf_counter() - started, route.name)
         return resp
 
     async def _run_chain(self, runtime: Runtime, ctx: RequestContext) -> GatewayResponse:

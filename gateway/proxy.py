@@ -124,7 +124,6 @@ class Proxy:
         query = ctx.request.scope["query_string"].decode("latin-1") if ctx.query is None else ctx.query
         url = f"{self.upstream.url}{ctx.upstream_path}" + (f"?{query}" if query else "")
         body = self._body(ctx)
-        attrs = {"upstream": self.upstream.name, "route": ctx.route_name}
         started = time.perf_counter()
         with self.services.tracing.client(f"upstream {self.upstream.name}",
                                           {"http.request.method": ctx.method, "url.full": url}) as span:
@@ -137,7 +136,8 @@ class Proxy:
                 self.services.metrics.upstream_calls.add(self.upstream.name, ctx.route_name, type(exc).__name__)
                 raise
             finally:
-                self.services.metrics.upstream_duration.record(time.perf_counter() - started, attrs)
+                self.services.metrics.upstream_duration.record(time.perf_counter() - started,
+                                                               self.upstream.name, ctx.route_name)
             span.set_attribute("http.response.status_code", resp.status)
         self.services.metrics.upstream_calls.add(self.upstream.name, ctx.route_name, str(resp.status))
         resp.headers = client_headers(resp.headers)

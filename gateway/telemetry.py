@@ -2,13 +2,16 @@
 
 Counters on the request path are plain in-process tallies that OpenTelemetry
 reads at scrape time (observable counters): an SDK `Counter.add` costs ~17 us
-with attributes, a dict increment well under one. Instruments are all created
-here, so the metric names an SRE sees are listed in one place.
+with attributes, a dict increment well under one. Latency histograms are counted
+the same way and handed to prometheus_client directly (`LatencyHistogram`).
+Instruments are all created here, so the metric names an SRE sees are listed in
+one place.
 """
 from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import random
 from collections import Counter
 from contextvars import ContextVar
@@ -29,6 +32,8 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 _installed = False
 
@@ -54,45 +59,59 @@ class Tally:
 
 
 class LatencyHistogram:
-    """Request latency per route in Prometheus-style cumulative buckets, read by OpenTelemetry at scrape.
+    """Latency in Prometheus histogram buckets, counted in process and exported at scrape time.
 
-    An SDK histogram `record` costs 10-17 us; on the hot path of a cache hit that is
-    a tenth of the request. Buckets are counted here (a bisect and an increment)
-    and exported as `<name>_bucket{le=...}`, `<name>_sum` and `<name>_count`, which
-    is what `histogram_quantile()` needs.
+    An SDK histogram `record` costs 10-17 us (a tenth of a cache hit), and its
+    default buckets are for milliseconds. Buckets are counted here (a bisect and an
+    increment) and handed to prometheus_client as a real histogram
+    (`<name>_bucket{le=...}`, `<name>_sum`, `<name>_count`), which is what
+    `histogram_quantile()` needs: OpenTelemetry's exporter would rename observable
+    counters standing in for them (`<name>_bucket_seconds_total`).
     """
 
     BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-    def __init__(self, meter: metrics.Meter, name: str, description: str) -> None:
-        self.counts: dict[str, list[int]] = {}
-        self.sums: Counter[str] = Counter()
-        labels = [str(b) for b in self.BOUNDS] + ["+Inf"]
-        meter.create_observable_counter(f"{name}_bucket", description=description, unit="s", callbacks=[
-            lambda options: [Observation(sum(counts[: i + 1]), {"route": route, "le": le})
-                             for route, counts in list(self.counts.items()) for i, le in enumerate(labels)]])
-        meter.create_observable_counter(f"{name}_sum", unit="s", callbacks=[
-            lambda options: [Observation(total, {"route": route}) for route, total in list(self.sums.items())]])
-        meter.create_observable_counter(f"{name}_count", callbacks=[
-            lambda options: [Observation(sum(counts), {"route": route})
-                             for route, counts in list(self.counts.items())]])
+    def __init__(self, name: str, labels: tuple[str, ...], description: str) -> None:
+        self.name = name
+        self.labels = labels
+        self.description = description
+        self.counts: dict[tuple[str, ...], list[int]] = {}
+        self.sums: Counter[tuple[str, ...]] = Counter()
+        _HISTOGRAMS[name] = self  # the newest with a name is the one exported
 
-    def record(self, route: str, seconds: float) -> None:
-        counts = self.counts.get(route)
+    def record(self, seconds: float, *values: str) -> None:
+        counts = self.counts.get(values)
         if counts is None:
-            counts = self.counts[route] = [0] * (len(self.BOUNDS) + 1)
+            counts = self.counts[values] = [0] * (len(self.BOUNDS) + 1)
         counts[bisect.bisect_left(self.BOUNDS, seconds)] += 1
-        self.sums[route] += seconds
+        self.sums[values] += seconds
+
+    def family(self) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(self.name, self.description, labels=self.labels)
+        bounds = [str(b) for b in self.BOUNDS] + ["+Inf"]
+        for values, counts in list(self.counts.items()):
+            family.add_metric(list(values), list(zip(bounds, itertools.accumulate(counts))), self.sums[values])
+        return family
+
+
+_HISTOGRAMS: dict[str, LatencyHistogram] = {}
+
+
+class _HistogramCollector(Collector):
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        for histogram in list(_HISTOGRAMS.values()):
+            yield histogram.family()
 
 
 class Metrics:
     def __init__(self, meter: metrics.Meter) -> None:
         self.meter = meter
         self.requests = Tally(meter, "gateway_requests", ("route", "status"), "client requests by route and status")
-        self.duration = LatencyHistogram(meter, "gateway_request_duration_seconds", "time to answer, by route")
+        self.duration = LatencyHistogram("gateway_request_duration_seconds", ("route",), "time to answer, by route")
         self.upstream_calls = Tally(meter, "gateway_upstream_calls", ("upstream", "route", "outcome"),
                                     "calls made to upstreams, by outcome (status or error)")
-        self.upstream_duration = meter.create_histogram("gateway_upstream_duration", unit="s")
+        self.upstream_duration = LatencyHistogram("gateway_upstream_duration_seconds", ("upstream", "route"),
+                                                  "time to an upstream's answer (headers), by upstream and route")
         self.cache = Tally(meter, "gateway_status_cache", ("route", "result"), "status cache lookups by result")
         self.idempotency = Tally(meter, "gateway_idempotency", ("route", "result"), "idempotency-key outcomes")
         self.retries = Tally(meter, "gateway_retries", ("upstream", "route", "reason"), "retry tries, by cause")
@@ -198,6 +217,7 @@ def setup(service_name: str, exporter: Literal["none", "console"], sample_ratio:
         if exporter == "console":
             provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
         trace.set_tracer_provider(provider)
+        REGISTRY.register(_HistogramCollector())
         _installed = True
     return Metrics(metrics.get_meter("gateway")), Tracing(trace.get_tracer("gateway"), exporter != "none")
 

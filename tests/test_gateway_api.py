@@ -336,12 +336,20 @@ def test_a_request_without_traceparent_starts_a_trace_upstream(stack: Stack) -> 
 
 
 def test_ops_endpoints(stack: Stack) -> None:
+    with stack.client() as c:
+        assert c.get(API, params={"limit": 1}).status_code == 200  # one proxied call, timed both ways
     with stack.client(None) as c:
         assert c.get("/healthz").json()["data"]["status"] == "ok"
         assert c.get("/readyz").status_code == 200
         metrics = c.get("/metrics")
         assert metrics.status_code == 200 and "gateway_requests_total" in metrics.text
         assert "gateway_status_cache_total" in metrics.text
+        # real Prometheus histograms, in seconds, that histogram_quantile() can read
+        assert re.search(r'^gateway_request_duration_seconds_bucket\{le="0\.1",route="list"\} [1-9]', metrics.text, re.M)
+        assert re.search(r'^gateway_upstream_duration_seconds_bucket\{le="\+Inf",route="list",upstream="exports"\} '
+                         r'[1-9]', metrics.text, re.M)
+        assert re.search(r'^gateway_upstream_duration_seconds_count\{route="list",upstream="exports"\}', metrics.text,
+                         re.M)
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         routes = c.get("/admin/routes", headers=admin).json()["data"]
         assert {r["name"] for r in routes["routes"]} >= {"submit", "status", "cancel", "download", "list"}
