@@ -40,5 +40,9 @@ class RequestContext:
     response_headers: dict[str, str] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
 
+    def tenant_key(self, param: str) -> str:
+        """`<tenant>:<path parameter>`: what per-tenant stores of a task's answers are keyed by."""
+        return f"{self.tenant or '-'}:{self.params.get(param, '')}"
+
 
 Handler = Callable[[RequestContext], Awaitable[GatewayResponse]]

@@ -40,7 +40,7 @@ class StaleIfError:
         self.on_statuses = frozenset(settings.on_statuses)
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        key = f"{ctx.tenant or '-'}:{ctx.params.get(self.settings.param, '')}"
+        key = ctx.tenant_key(self.settings.param)
         try:
             resp = await self.next(ctx)
         except UpstreamError as exc:

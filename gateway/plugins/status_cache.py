@@ -57,7 +57,7 @@ class StatusCache:
         self._in_flight: dict[str, asyncio.Future[bytes]] = {}
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        key = f"{ctx.tenant or '-'}:{ctx.params.get(self.settings.param, '')}"
+        key = ctx.tenant_key(self.settings.param)
         raw = await self.store.get(key)
         if raw is not None:
             self.metrics.cache.add(self.route, "hit")
