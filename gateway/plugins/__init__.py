@@ -5,6 +5,7 @@ from gateway.plugins.auth import Auth
 from gateway.plugins.circuit_breaker import CircuitBreaker
 from gateway.plugins.fault import Fault
 from gateway.plugins.idempotency import Idempotency
+from gateway.plugins.list_query import ListQuery
 from gateway.plugins.outbox import Outbox
 from gateway.plugins.rerun import Rerun
 from gateway.plugins.retry import Retry
@@ -16,6 +17,6 @@ from gateway.plugins.timeout import Timeout
 from gateway.plugins.validate import Validate
 
 PLUGINS = {cls.name: cls for cls in (
-    Auth, Validate, Idempotency, TaskId, StatusCache, SignedDownload,
+    Auth, Validate, ListQuery, Idempotency, TaskId, StatusCache, SignedDownload,
     Rerun, StaleIfError, Outbox, Timeout, Retry, CircuitBreaker, Fault,
 )}
