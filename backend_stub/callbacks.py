@@ -175,7 +175,9 @@ class CallbackSender:
                 if 200 <= resp.status < 300:
                     return None, False
                 return f"the receiver answered {resp.status}", resp.status == 410
-        except aiohttp.ClientConnectorError as exc:  # a refused address stays refused: no point in retrying
-            return error_text(exc), isinstance(exc.os_error, RefusedAddress)
+        except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.os_error, RefusedAddress):  # refused now, refused on every try: final
+                return f"refused: {exc.os_error}", True
+            return error_text(exc), False
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             return error_text(exc), False
