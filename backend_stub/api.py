@@ -125,7 +125,7 @@ class BackendApi:
         if not tenant or len(tenant) > 128:
             raise validation_error("tenant", "name the tenant (X-Tenant-Id header or tenant query parameter)")
         try:
-            items, next_cursor = await self.store.list(tenant, query.status, query.limit, query.cursor)
+            items, next_cursor = await self.store.list_tasks(tenant, query.status, query.limit, query.cursor)
         except ValueError as exc:
             raise validation_error("cursor", str(exc)) from exc
         now = time.time()

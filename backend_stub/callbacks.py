@@ -50,9 +50,11 @@ class CallbackSender:
         self.share = self.config.per_tenant_concurrency or max(1, self.config.concurrency // 2)
         self._in_flight: dict[str, str] = {}  # task id -> tenant
         self._tenant_of: dict[str, str] = {}  # due task id -> tenant, kept while the task stays due
-        self._last_turn: dict[str, float] = {}  # tenant -> when it last got a slot
+        self._last_turn: dict[str, int] = {}  # tenant -> the turn it last got a slot on
+        self._turn = 0
         self._logged: set[str] = set()  # task ids whose repeated failure was logged already
         self._dispatch_failing = False
+        self._deliveries: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
 
     async def run(self) -> None:
@@ -95,7 +97,10 @@ class CallbackSender:
         self._tenant_of = tenant_of
         for task_id in self.pick(queues):
             self._in_flight[task_id] = tenant_of[task_id]
-            asyncio.create_task(self._deliver(task_id))
+            delivery = asyncio.create_task(self._deliver(task_id))
+            # the loop keeps only weak references to tasks: hold each until it ends
+            self._deliveries.add(delivery)
+            delivery.add_done_callback(self._deliveries.discard)
 
     def pick(self, queues: dict[str, list[str]]) -> list[str]:
         """Due deliveries to start now: one at a time to the tenant with the fewest in flight
@@ -104,12 +109,12 @@ class CallbackSender:
         load = Counter(self._in_flight.values())
         waiting = {tenant: list(ids) for tenant, ids in queues.items() if load[tenant] < self.share}
         picked: list[str] = []
-        now = time.monotonic()
         while free > 0 and waiting:
-            tenant = min(waiting, key=lambda t: (load[t], self._last_turn.get(t, 0.0)))
+            tenant = min(waiting, key=lambda t: (load[t], self._last_turn.get(t, 0)))
             picked.append(waiting[tenant].pop(0))
             load[tenant] += 1
-            self._last_turn[tenant] = now
+            self._turn += 1
+            self._last_turn[tenant] = self._turn
             free -= 1
             if not waiting[tenant] or load[tenant] >= self.share:
                 del waiting[tenant]
@@ -179,5 +184,5 @@ class CallbackSender:
             if isinstance(exc.os_error, RefusedAddress):  # refused now, refused on every try: final
                 return f"refused: {exc.os_error}", True
             return error_text(exc), False
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return error_text(exc), False

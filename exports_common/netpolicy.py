@@ -55,16 +55,15 @@ class AddressPolicy:
     allow_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(default_factory=tuple)
 
     @classmethod
-    def from_lists(cls, hosts: list[str], networks: list[str]) -> "AddressPolicy":
+    def from_lists(cls, hosts: list[str], networks: list[str]) -> AddressPolicy:
         return cls(frozenset(h.lower() for h in hosts), tuple(ipaddress.ip_network(n, strict=False) for n in networks))
 
     def address_allowed(self, ip: IPAddress) -> bool:
-        if isinstance(ip, ipaddress.IPv6Address):
-            inner = embedded_ipv4(ip)
-            if inner is not None:
-                return self.address_allowed(inner)
         if any(ip in net for net in self.allow_networks):
             return True
+        inner = embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else None
+        if inner is not None:  # judged as where it goes: public only if that IPv4 address is
+            return self.address_allowed(inner)
         return ip.is_global and not ip.is_multicast
 
 
