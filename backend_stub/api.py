@@ -5,8 +5,8 @@ import re
 import time
 from typing import Any
 
-from starlette.requests import Request
 from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.responses import FileResponse, MalformedRangeHeader, RangeNotSatisfiable, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send

@@ -70,7 +70,7 @@ class CallbackSender:
                     self._dispatch_failing = False
                 except asyncio.CancelledError:
                     raise
-                except Exception as exc:  # the store is down: logged once, not every poll
+                except Exception as exc:  # noqa: BLE001 - the store is down: logged once, not every poll
                     if not self._dispatch_failing:
                         log.error("callback dispatch failed; retrying every poll until the store answers",
                                   extra={"error": error_text(exc)})
@@ -142,7 +142,7 @@ class CallbackSender:
             cb = task.callback
             try:
                 error, final = await self._try(task, cb)
-            except Exception as exc:  # whatever went wrong, it was one failed try: the schedule moves on
+            except Exception as exc:  # noqa: BLE001 - whatever failed, it was one failed try: the schedule moves on
                 error, final = error_text(exc), False
             await self.store.update(task_id, lifecycle.callback_attempted(cb["seq"], error,
                                                                           self.config.retry_delays_sec, final))
@@ -150,7 +150,7 @@ class CallbackSender:
             log.info(f"callback {outcome}", extra={"task_id": task_id, "callback_seq": cb["seq"],
                                                     "try": cb["attempts"] + 1, "error": error})
             self._logged.discard(task_id)
-        except Exception as exc:  # the store failed: the delivery stays due and is tried again
+        except Exception as exc:  # noqa: BLE001 - the store failed: the delivery stays due, tried again later
             if task_id not in self._logged:
                 self._logged.add(task_id)
                 log.warning("callback delivery could not be recorded; it stays due",

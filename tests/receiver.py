@@ -98,7 +98,7 @@ class HostileReceiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/{mode}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "HostileReceiver":
+    def __enter__(self) -> HostileReceiver:
         self.thread.start()
         return self
 

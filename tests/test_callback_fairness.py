@@ -8,6 +8,7 @@ endless body, a redirect); demo2's task calls a well-behaved receiver. demo2's d
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -35,7 +36,7 @@ def hostile_urls() -> Iterator[list[str]]:
     with contextlib.ExitStack() as stack:
         urls = [stack.enter_context(HostileReceiver(mode)).url for mode in HostileReceiver.MODES]
         redirect = stack.enter_context(Receiver([302] * 100_000))
-        yield urls + [redirect.url, "http://nothing.invalid/hook", "http://127.0.0.1:9/closed-port"]
+        yield [*urls, redirect.url, "http://nothing.invalid/hook", "http://127.0.0.1:9/closed-port"]
 
 
 def start_flood(backend: Service, urls: list[str]) -> list[str]:
@@ -52,6 +53,10 @@ def flood_callbacks(backend: Service) -> list[dict[str, Any]]:
     return [t["callback"] for t in resp.json()["data"]["items"]]
 
 
+def delivered_past(receiver: Receiver, seen: int) -> bool:
+    return receiver.count() > seen
+
+
 def delivery_delays(backend: Service, receiver: Receiver, tasks: int = 3) -> list[float]:
     """demo2's delay from completion to delivery, for `tasks` tasks one after another."""
     delays = []
@@ -60,7 +65,7 @@ def delivery_delays(backend: Service, receiver: Receiver, tasks: int = 3) -> lis
         task_id = backend_create(backend.url, {"export_type": "tiny_export", "callback_url": receiver.url},
                                  tenant="demo2").json()["data"]["task_id"]
         done = wait_status(backend.url, task_id, timeout=30)
-        wait_until(lambda: receiver.count() > seen, 60, interval=0.02, what="demo2's callback")
+        wait_until(functools.partial(delivered_past, receiver, seen), 60, interval=0.02, what="demo2's callback")
         received_wall = receiver.received[seen].at + (time.time() - time.monotonic())
         delays.append(received_wall - parse_rfc3339(done["updated_at"]))
     return delays
