@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from exports_common.task_ids import new_task_id
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
 from tests.helpers import assert_envelope_error, backend_requests, wait_status
-from tests.procs import Service
+from tests.procs import Service, wait_until
 
 AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
 # one client for the module: a fresh httpx client per request (SSL context and all) cost more than the servers did
@@ -260,3 +260,24 @@ def test_stack_logged_no_traceback(stack: tuple[Service, Service]) -> None:
     for service in stack:
         assert "Traceback" not in service.log(), service.log()[-4000:]
     assert Path(stack[0].log_path).exists()
+
+
+def test_upstream_dying_mid_download_cuts_the_body_without_a_traceback(services: Callable[..., Service],
+                                                                       tmp_path: Path) -> None:
+    # a file of about 20 MB: more than the socket buffers between the three parties hold
+    mid = {"mid_export": {"dataset": "orders", "rows": 400_000, "seed": 9}}
+    backend = services("backend_stub", backend_config(tmp_path, export_types=mid))
+    gateway = services("gateway", gateway_config(tmp_path, backend.url))
+    task_id = post(f"{gateway.url}/api/v1/exports", b'{"export_type": "mid_export"}', AUTH).json()["data"]["task_id"]
+    link = urlsplit(wait_status(gateway.url, task_id, path="/api/v1/exports/", headers=AUTH,
+                                timeout=60)["result"]["download_url"])
+    got = 0
+    with pytest.raises(httpx.RemoteProtocolError), \
+            httpx.stream("GET", f"{gateway.url}{link.path}?{link.query}", timeout=20) as resp:
+        for chunk in resp.iter_bytes():
+            got += len(chunk)
+            if got > 1_000_000:
+                backend.kill()
+    assert got < int(resp.headers["content-length"]), "the client sees the body cut short, not a whole file"
+    wait_until(lambda: "stopped in the middle of a body" in gateway.log(), 10, what="the gateway's warning")
+    assert "Traceback" not in gateway.log()
