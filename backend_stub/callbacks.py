@@ -95,6 +95,7 @@ class CallbackSender:
             tenant_of[task_id] = tenant
             queues.setdefault(tenant, []).append(task_id)
         self._tenant_of = tenant_of
+        self._last_turn = {t: turn for t, turn in self._last_turn.items() if t in queues}  # bounded by due tenants
         for task_id in self.pick(queues):
             self._in_flight[task_id] = tenant_of[task_id]
             delivery = asyncio.create_task(self._deliver(task_id))

@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterator
 
 import httpx
 
+from backend_stub.callbacks import CallbackSender
+from backend_stub.config import BackendConfig
 from exports_common.timefmt import parse_rfc3339
 from tests.conftest import backend_config
 from tests.helpers import backend_create, wait_status
@@ -88,3 +90,13 @@ def test_hostile_receivers_never_delay_another_tenant(services: Callable[..., Se
     assert "Traceback" not in log
     assert log.count("callback dispatch failed") == 0
 
+
+
+def test_free_slots_go_round_robin_and_no_tenant_passes_its_share() -> None:
+    config = BackendConfig.model_validate({"export_types": TINY, "callbacks": {"concurrency": 6}})
+    sender = CallbackSender(config, store=None)  # type: ignore[arg-type]  # pick() never touches the store
+    queues = {"a": [f"a{i}" for i in range(100)], "b": ["b0", "b1"], "c": ["c0"]}
+    assert sender.share == 3
+    assert sender.pick(queues) == ["a0", "b0", "c0", "a1", "b1", "a2"]
+    sender._in_flight = {"a0": "a", "a1": "a", "a2": "a"}  # a holds its share: the rest goes to the others
+    assert sender.pick(queues) == ["c0", "b0", "b1"]  # c was served longest ago
