@@ -102,7 +102,8 @@ class AsyncExportsClient:
                 return
 
     async def export_types(self) -> list[ExportType]:
-        return [ExportType.from_dict(item) for item in await self._data(core.Call("GET", "/api/v1/export-types"))["items"]]
+        page = await self._data(core.Call("GET", "/api/v1/export-types"))
+        return [ExportType.from_dict(item) for item in page["items"]]
 
     async def wait(self, task_id_or_token: str, *, max_wait: float = 300, on_progress: ProgressCallback | None = None) -> Task:
         """Poll until the task is terminal; after `max_wait` s raise WaitTimeout (its token resumes here)."""

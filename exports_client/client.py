@@ -101,7 +101,8 @@ class ExportsClient:
                 return
 
     def export_types(self) -> list[ExportType]:
-        return [ExportType.from_dict(item) for item in self._data(core.Call("GET", "/api/v1/export-types"))["items"]]
+        page = self._data(core.Call("GET", "/api/v1/export-types"))
+        return [ExportType.from_dict(item) for item in page["items"]]
 
     def wait(self, task_id_or_token: str, *, max_wait: float = 300, on_progress: ProgressCallback | None = None) -> Task:
         """Poll until the task is terminal; after `max_wait` s raise WaitTimeout (its token resumes here)."""
