@@ -54,6 +54,7 @@ class Output:
         self.out = out
         self.err = err
         self.terminal = err.isatty()
+        self.waiting_on: str | None = None  # the task a Ctrl-C leaves running
 
     def note(self, text: str) -> None:
         print(text, file=self.err, flush=True)
@@ -123,14 +124,12 @@ class _RichProgress(AbstractContextManager[Callable[[Task], None]]):
 
 def _wait(client: ExportsClient, out: Output, task_id_or_token: str, max_wait: float) -> Task:
     task_id = json.loads(task_id_or_token)["task_id"] if task_id_or_token.lstrip().startswith("{") else task_id_or_token
-    try:
-        with out.progress(task_id) as on_progress:
-            task = client.wait(task_id_or_token, max_wait=max_wait, on_progress=on_progress)
-            on_progress(task)
-            return task
-    except KeyboardInterrupt:
-        out.note(f"stopped waiting; task {task_id} keeps running. Resume with: exportctl wait {task_id}")
-        raise
+    out.waiting_on = task_id
+    with out.progress(task_id) as on_progress:
+        task = client.wait(task_id_or_token, max_wait=max_wait, on_progress=on_progress)
+        on_progress(task)
+    out.waiting_on = None
+    return task
 
 
 def _finish(out: Output, task: Task) -> int:
@@ -145,6 +144,7 @@ def cmd_submit(client: ExportsClient, out: Output, args: argparse.Namespace) -> 
     if not (args.wait or args.download):
         out.task(task)
         return OK
+    out.waiting_on = task.task_id
     out.note(f"submitted {task.task_id} ({task.status})")
     task = _wait(client, out, task.task_id, args.max_wait)
     if task.status == "COMPLETED" and args.download:
@@ -256,6 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.note(f"{exc}. Resume with: exportctl wait {task_id}")
         return STILL_RUNNING
     except KeyboardInterrupt:
+        if out.waiting_on:
+            out.note(f"stopped waiting; task {out.waiting_on} keeps running. "
+                     f"Resume with: exportctl wait {out.waiting_on}")
         return INTERRUPTED
     except ExportsError as exc:
         out.note(f"exportctl: {exc}")
