@@ -21,8 +21,8 @@ import math
 import random
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import httpx
 
@@ -75,7 +75,7 @@ class CostRow:
 def polling_cost(duration: int, runs: int = 50, seed: int = 0) -> CostRow:
     counts, lates = [], []
     for run in range(runs):
-        clock, polls = SimClock(), []
+        clock, polls = SimClock(), list[float]()
         with ExportsClient("http://gateway.sim", "key", transport=httpx.MockTransport(_stub(clock, duration, polls)),
                            clock=clock.now, sleep=clock.sleep, rng=random.Random(seed * 1000 + run)) as client:
             client.wait(TASK_ID, max_wait=duration + 120)

@@ -2,20 +2,20 @@
 from __future__ import annotations
 
 import asyncio
-import os
+import builtins
 import random
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, BinaryIO, Callable, Mapping
+from typing import Any, Self
 
 import httpx
 
 from exports_client import core, polling
+from exports_client.client import Dest, ProgressCallback
 from exports_client.errors import WaitTimeout
 from exports_client.models import ExportType, Task
-from exports_client.client import Dest, ProgressCallback
 from exports_client.webhooks import verify_webhook
-
 
 
 class AsyncExportsClient:
@@ -42,7 +42,7 @@ class AsyncExportsClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> "AsyncExportsClient":
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -101,7 +101,7 @@ class AsyncExportsClient:
             if not cursor:
                 return
 
-    async def export_types(self) -> list[ExportType]:
+    async def export_types(self) -> builtins.list[ExportType]:  # `list` here would be the method
         page = await self._data(core.Call("GET", "/api/v1/export-types"))
         return [ExportType.from_dict(item) for item in page["items"]]
 

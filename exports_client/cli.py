@@ -10,11 +10,20 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, TextIO
 
 from exports_client.client import ExportsClient
-from exports_client.errors import ApiError, DownloadError, ExportsError, NotFound, RateLimited, Unavailable, WaitTimeout
+from exports_client.errors import (
+    ApiError,
+    DownloadError,
+    ExportsError,
+    NotFound,
+    RateLimited,
+    Unavailable,
+    WaitTimeout,
+)
 from exports_client.models import Task
 
 OK, TASK_FAILED, USAGE, STILL_RUNNING, NOT_FOUND, UNAVAILABLE = 0, 1, 2, 3, 4, 5
@@ -105,7 +114,13 @@ class _RichProgress(AbstractContextManager[Callable[[Task], None]]):
 
     def __init__(self, task_id: str, err: TextIO) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                             TextColumn("{task.fields[step]}"), TimeElapsedColumn(), console=Console(file=err))

@@ -1,11 +1,13 @@
 """The blocking client: `ExportsClient`. `AsyncExportsClient` (exports_client.aio) has the same methods."""
 from __future__ import annotations
 
+import builtins
 import os
 import random
 import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, Mapping
+from typing import Any, BinaryIO, Self
 
 import httpx
 
@@ -42,7 +44,7 @@ class ExportsClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "ExportsClient":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -100,7 +102,7 @@ class ExportsClient:
             if not cursor:
                 return
 
-    def export_types(self) -> list[ExportType]:
+    def export_types(self) -> builtins.list[ExportType]:  # `list` here would be the method
         page = self._data(core.Call("GET", "/api/v1/export-types"))
         return [ExportType.from_dict(item) for item in page["items"]]
 

@@ -9,15 +9,22 @@ from __future__ import annotations
 import os
 import random
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Mapping
+from typing import Any, BinaryIO
 from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
 
 from exports_client import polling
-from exports_client.errors import ApiError, DownloadError, NotFound, RateLimited, Unavailable
+from exports_client.errors import (
+    ApiError,
+    DownloadError,
+    NotFound,
+    RateLimited,
+    Unavailable,
+)
 from exports_client.models import Task
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -162,7 +169,7 @@ class Sink:
             self.part = self.path.with_name(self.path.name + ".part")
             if not resume:
                 self.part.unlink(missing_ok=True)
-            self.file: BinaryIO = open(self.part, "ab")
+            self.file: BinaryIO = open(self.part, "ab")  # noqa: SIM115 (closed by close(), after the transfer)
             self.base = 0
             self.written = self.file.tell()
         else:

@@ -65,7 +65,7 @@ class Task:
         return self.status in TERMINAL
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Task":
+    def from_dict(cls, data: dict[str, Any]) -> Task:
         fields = _known(cls, data)
         for name, kind in (("result", Result), ("error", TaskError), ("callback", CallbackState)):
             if isinstance(fields.get(name), dict):
@@ -85,5 +85,5 @@ class ExportType:
     estimated_completion_sec: int | None = None
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ExportType":
+    def from_dict(cls, data: dict[str, Any]) -> ExportType:
         return cls(**_known(cls, data))

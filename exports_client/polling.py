@@ -15,8 +15,8 @@ import email.utils
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from exports_client.errors import ExportsError
 from exports_client.models import Task

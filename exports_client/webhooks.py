@@ -7,7 +7,8 @@ import hashlib
 import hmac
 import json
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from exports_client.errors import WebhookVerificationError
 

@@ -82,7 +82,8 @@ def _submit_request(types: ExportTypes | None, allowed: list[str] | None, max_ti
     if not types:
         export_type: dict[str, Any] = {"type": "string", "enum": allowed} if allowed else {"type": "string",
                                                                                            "minLength": 1}
-        filters = {"type": ["object", "null"], "description": "checked per export type; a bad one is 422 naming it"}
+        filters: dict[str, Any] = {"type": ["object", "null"],
+                                   "description": "checked per export type; a bad one is 422 naming it"}
         return {"SubmitRequest": {"type": "object", "additionalProperties": False, "required": ["export_type"],
                                   "properties": _submit_properties(export_type, filters, max_timeout)}}
     out: dict[str, Any] = {}

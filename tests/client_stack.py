@@ -12,9 +12,10 @@ import copy
 import os
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tests.conftest import backend_config, gateway_config
 from tests.procs import Service

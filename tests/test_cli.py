@@ -10,15 +10,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from exports_client import ExportsClient
 from tests.client_stack import ClientStack, start_stack
 from tests.conftest import DEMO_KEY
-from tests.procs import ROOT, Service, free_port, wait_until
+from tests.procs import ROOT, Service, free_port
 
 EXPORTCTL = str(Path(sys.executable).parent / "exportctl")
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but \t and \n
@@ -34,8 +34,9 @@ def env(stack: ClientStack, **extra: str) -> dict[str, str]:
     return {**os.environ, "EXPORTS_URL": stack.gateway.url, "EXPORTS_API_KEY": DEMO_KEY, **extra}
 
 
-def exportctl(stack: ClientStack, *args: str, timeout: float = 60, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([EXPORTCTL, *args], env=env(stack, **extra), capture_output=True, text=True,
+def exportctl(stack: ClientStack, *args: str, extra: dict[str, str] | None = None,
+              timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([EXPORTCTL, *args], check=False, env=env(stack, **(extra or {})), capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
 
 
@@ -94,7 +95,7 @@ def test_a_task_that_ends_failed_or_cancelled_exits_1(stack: ClientStack) -> Non
     (["frobnicate"], {}),                                               # no such command
 ])
 def test_usage_and_refusals_exit_2(stack: ClientStack, args: list[str], extra: dict[str, str]) -> None:
-    out = exportctl(stack, *args, **extra)
+    out = exportctl(stack, *args, extra=extra)
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert out.stderr.strip()
 

@@ -5,6 +5,7 @@ import ast
 import asyncio
 import base64
 import dataclasses
+import itertools
 import json
 import os
 import random
@@ -13,8 +14,9 @@ import sys
 import time
 import types
 import typing
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -29,9 +31,9 @@ from exports_client import (
     Unavailable,
     WaitTimeout,
     WebhookVerificationError,
+    polling,
     verify_webhook,
 )
-from exports_client import polling
 from exports_client.models import CallbackState, Result, TaskError
 from exports_common import webhooks
 from tests.client_stack import SLOW_DELAY_SEC, ClientStack, CuttingProxy, start_stack
@@ -135,9 +137,9 @@ def test_env_fallback_and_typed_errors(stack: ClientStack, monkeypatch: pytest.M
     with ExportsClient(api_key="wrong-key") as c, pytest.raises(ApiError) as denied:
         c.get(UNKNOWN_ID)
     assert denied.value.code == 40100
-    with ExportsClient(f"{stack.gateway.url}/down", DEMO_KEY, retries=2, sleep=lambda s: None) as c:
-        with pytest.raises(Unavailable) as down:
-            c.get(UNKNOWN_ID)
+    with ExportsClient(f"{stack.gateway.url}/down", DEMO_KEY, retries=2, sleep=lambda s: None) as c, \
+            pytest.raises(Unavailable) as down:
+        c.get(UNKNOWN_ID)
     assert down.value.status == 503 and down.value.code == 50300
 
 
@@ -181,7 +183,7 @@ def test_wait_honours_retry_after_and_gives_up_at_max_wait_with_a_resume_token(s
         assert timeout.value.task is not None and timeout.value.task.status in ("PENDING", "RUNNING")
         polls = [e for e in recorder.log if e[1] == "GET"]
         assert len(polls) >= 4
-        for (at, *_, asked), (next_at, *_) in zip(polls, polls[1:]):
+        for (at, *_, asked), (next_at, *_) in itertools.pairwise(polls):
             assert asked is not None
             gap = next_at - at
             # never sooner than asked; at most 20% jitter plus a loaded machine's slack later
@@ -241,7 +243,7 @@ def test_rate_limited_after_the_retries_carries_retry_after() -> None:
                        sleep=clock.sleep, retries=3) as c, pytest.raises(RateLimited) as err:
         c.get("exp-20261129-aaaaaaaaaaaaaaaa")
     assert err.value.retry_after == 2 and err.value.code == 42900 and len(calls) == 4
-    assert all(2.0 <= b - a <= 2.4 for a, b in zip(calls, calls[1:]))
+    assert all(2.0 <= b - a <= 2.4 for a, b in itertools.pairwise(calls))
 
 
 def test_resume_token_is_json_and_a_bad_one_is_refused() -> None:
@@ -400,7 +402,7 @@ def test_the_sdk_imports_nothing_from_the_server_packages() -> None:
         "import exports_client, exports_client.cli, exports_client.aio\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
     allowed = set(sys.stdlib_module_names) | {"httpx", "rich", "exports_client"}
     for path in (ROOT / "exports_client").glob("*.py"):
