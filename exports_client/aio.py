@@ -7,37 +7,34 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import httpx
 
-from exports_client import core, polling
-from exports_client.client import Dest, ProgressCallback
-from exports_client.errors import WaitTimeout
+from exports_client import core, flows
+from exports_client.client import ProgressCallback
 from exports_client.models import ExportType, Task
 from exports_client.webhooks import verify_webhook
 
+T = TypeVar("T")
+
 
 class AsyncExportsClient:
-    """Submit, poll, cancel and download exports through the gateway.
-
-    `clock`, `sleep` and `rng` are injectable so the timing policy can run on a
-    simulated clock; `transport` takes any httpx transport (a test double, a proxy).
-    """
+    """`ExportsClient` for asyncio: the same flows, driven with awaits."""
 
     verify_webhook = staticmethod(verify_webhook)
 
     def __init__(self, base_url: str | None = None, api_key: str | None = None, *, timeout: float = 10.0,
                  retries: int = 3, transport: httpx.AsyncBaseTransport | None = None,
-                 clock: Callable[[], float] = time.time, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  rng: random.Random | None = None) -> None:
-        self.base_url, self._api_key = core.resolve(base_url, api_key)
-        self._rng = rng or random.Random()
-        self._policy = core.RetryPolicy(retries=retries, rng=self._rng)
-        self._clock = clock
+        self.base_url, api_key = core.resolve(base_url, api_key)
+        rng = rng or random.Random()
+        self._ctx = flows.Context(self.base_url, api_key, core.RetryPolicy(retries=retries, rng=rng), rng, clock)
         self._sleep = sleep
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport,
-                                  headers={"User-Agent": core.USER_AGENT})
+                                       headers={"User-Agent": core.USER_AGENT})
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -48,115 +45,65 @@ class AsyncExportsClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    # -- one request, retried within bounds ------------------------------------------------------
-
-    async def _once(self, call: core.Call) -> httpx.Response:
-        return await self._http.request(call.method, call.path, params=call.params, json=call.json,
-                                  headers={**core.auth_headers(self._api_key), **call.headers})
-
-    async def _send(self, call: core.Call) -> httpx.Response:
-        attempt, waited = 1, 0.0
+    async def _run(self, flow: flows.Flow[T]) -> T:
+        """Carry out a flow's steps with awaits; an error goes back into the flow."""
+        reply: httpx.Response | None = None
+        failure: Exception | None = None
         while True:
             try:
-                resp = await self._once(call)
-            except core.TRANSPORT_ERRORS as exc:
-                delay = self._policy.delay(attempt, None, waited)
-                if delay is None:
-                    raise core.unreachable(self.base_url, exc) from exc
-            else:
-                if not core.is_retryable(resp, call):
-                    return resp
-                delay = self._policy.delay(attempt, core.retry_after_of(resp), waited)
-                if delay is None:
-                    raise core.error_of(resp)
-            await self._sleep(delay)
-            attempt, waited = attempt + 1, waited + delay
+                step = flow.throw(failure) if failure is not None else flow.send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            reply, failure = None, None
+            try:
+                if isinstance(step, flows.Sleep):
+                    await self._sleep(step.seconds)
+                elif isinstance(step, flows.Stream):
+                    reply = await self._stream(step)
+                else:
+                    reply = await self._http.request(step.method, step.path, params=step.params, json=step.json,
+                                                     headers={**core.auth_headers(self._ctx.api_key), **step.headers})
+            except Exception as exc:  # noqa: BLE001 (back into the flow: it retries transport errors and re-raises the rest after its cleanup)
+                failure = exc
 
-    async def _data(self, call: core.Call) -> Any:
-        return core.data_of(await self._send(call))
+    async def _stream(self, step: flows.Stream) -> httpx.Response:
+        async with self._http.stream("GET", step.url, headers=step.headers) as resp:
+            if resp.status_code in core.LINK_REFUSED:
+                await resp.aread()
+                return resp
+            step.sink.accept(resp)
+            async for chunk in resp.aiter_bytes():
+                step.sink.write(chunk)
+        return resp
 
-    # -- the API ---------------------------------------------------------------------------------
-
-    async def submit(self, export_type: str, filters: Mapping[str, Any] | None = None, *, format: str | None = None,
-               timeout_sec: int | None = None, callback_url: str | None = None,
-               idempotency_key: str | None = None) -> Task:
-        call = core.submit_call(export_type, filters, format, timeout_sec, callback_url, idempotency_key)
-        return Task.from_dict(await self._data(call))
+    async def submit(self, export_type: str, filters: Mapping[str, Any] | None = None, *,
+                     format: str | None = None, timeout_sec: int | None = None, callback_url: str | None = None,
+                     idempotency_key: str | None = None) -> Task:
+        return await self._run(flows.submit(self._ctx, export_type, filters, format, timeout_sec, callback_url,
+                                            idempotency_key))
 
     async def get(self, task_id: str) -> Task:
-        return Task.from_dict(await self._data(core.Call("GET", core.task_path(task_id))))
+        return await self._run(flows.get(self._ctx, task_id))
 
     async def cancel(self, task_id: str) -> Task:
-        return Task.from_dict(await self._data(core.Call("POST", core.task_path(task_id, "/cancel"))))
+        return await self._run(flows.task(self._ctx, core.Call("POST", core.task_path(task_id, "/cancel"))))
 
     async def list(self, status: str | None = None, *, page_size: int = 100) -> AsyncIterator[Task]:
         cursor: str | None = None
         while True:
-            params = {"limit": str(page_size), **({"status": status} if status else {}),
-                      **({"cursor": cursor} if cursor else {})}
-            page = await self._data(core.Call("GET", "/api/v1/exports", params=params))
+            page = await self._run(flows.list_page(self._ctx, status, page_size, cursor))
             for item in page["items"]:
                 yield Task.from_dict(item)
-            cursor = page.get("next_cursor")
-            if not cursor:
+            if not (cursor := page.get("next_cursor")):
                 return
 
     async def export_types(self) -> builtins.list[ExportType]:  # `list` here would be the method
-        page = await self._data(core.Call("GET", "/api/v1/export-types"))
-        return [ExportType.from_dict(item) for item in page["items"]]
+        return await self._run(flows.export_types(self._ctx))
 
-    async def wait(self, task_id_or_token: str, *, max_wait: float = 300, on_progress: ProgressCallback | None = None) -> Task:
-        """Poll until the task is terminal; after `max_wait` s raise WaitTimeout (its token resumes here)."""
-        started = self._clock()
-        plan = polling.plan_for(task_id_or_token, started, max_wait, self._rng)
-        call = core.Call("GET", core.task_path(plan.task_id))
-        while True:
-            pause = plan.sleep_before_poll(self._clock())
-            if pause is None:
-                await self._sleep(max(0.0, plan.deadline - self._clock()))
-                raise WaitTimeout(plan.last, plan.token(), self._clock() - started)
-            await self._sleep(pause)
-            try:
-                resp = await self._once(call)
-            except core.TRANSPORT_ERRORS as exc:
-                plan.transport_failures += 1
-                if plan.transport_failures > self._policy.retries:
-                    raise core.unreachable(self.base_url, exc) from exc
-                plan.refused(self._clock(), None)
-                continue
-            if core.is_retryable(resp, call):
-                plan.refused(self._clock(), core.retry_after_of(resp))
-                continue
-            task = Task.from_dict(core.data_of(resp))
-            if task.terminal:
-                return task
-            plan.answered(self._clock(), task, core.retry_after_of(resp))
-            if on_progress is not None:
-                on_progress(task)
+    async def wait(self, task_id_or_token: str, *, max_wait: float = 300,
+                   on_progress: ProgressCallback | None = None) -> Task:
+        return await self._run(flows.wait(self._ctx, task_id_or_token, max_wait, on_progress))
 
-    async def download(self, task_id_or_task: str | Task, dest: Dest, *, resume: bool = True,
-                 attempts: int = 5) -> Path | None:
-        """Stream the result to `dest`; an interrupted transfer goes on with Range. Returns the path written."""
-        task = await self.get(task_id_or_task) if isinstance(task_id_or_task, str) else task_id_or_task
-        url, expected = core.link(self.base_url, task)
-        sink = core.Sink(dest, resume)
-        try:
-            for attempt in range(1, attempts + 1):
-                if sink.written >= expected:
-                    break
-                auth = core.auth_headers(self._api_key) if core.same_origin(url, self.base_url) else {}
-                try:
-                    async with self._http.stream("GET", url, headers={**auth, **sink.headers()}) as resp:
-                        if resp.status_code in core.LINK_REFUSED and attempt < attempts:
-                            url, expected = core.link(self.base_url, await self.get(task.task_id))
-                            continue
-                        sink.accept(resp)
-                        async for chunk in resp.aiter_bytes():
-                            sink.write(chunk)
-                except core.TRANSPORT_ERRORS as exc:
-                    if attempt == attempts:
-                        raise core.unreachable(url, exc) from exc
-                    await self._sleep(polling.full_jitter(attempt - 1, self._rng, floor=0.2, ceiling=8.0))
-            return sink.finish(expected)
-        finally:
-            sink.close()
+    async def download(self, task_id_or_task: str | Task, dest: core.Dest, *, resume: bool = True,
+                       attempts: int = 5) -> Path | None:
+        return await self._run(flows.download(self._ctx, task_id_or_task, dest, resume, attempts))

@@ -27,6 +27,7 @@ from exports_client.errors import (
 )
 from exports_client.models import Task
 
+Dest = str | os.PathLike[str] | BinaryIO  # where a download goes: a path or a binary file object
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 IDEMPOTENCY_IN_FLIGHT = 40902  # the same key is still being handled: the gateway asks to retry shortly
 TRANSPORT_ERRORS = (httpx.TransportError,)

@@ -21,6 +21,12 @@ from typing import Any
 import httpx
 import pytest
 
+from benchmarks.bench_client_polling import (
+    SimClock,
+    gateway_retry_after,
+    herd,
+    polling_cost,
+)
 from exports_client import (
     ApiError,
     AsyncExportsClient,
@@ -217,7 +223,7 @@ def test_wait_backs_off_through_a_503_and_a_dead_gateway() -> None:
 
 
 def test_wait_raises_unavailable_when_the_gateway_stays_unreachable() -> None:
-    clock = FakeClock()
+    clock = SimClock()
     start = clock.t
 
     def refuse(request: httpx.Request) -> httpx.Response:
@@ -231,7 +237,7 @@ def test_wait_raises_unavailable_when_the_gateway_stays_unreachable() -> None:
 
 def test_rate_limited_after_the_retries_carries_retry_after() -> None:
     # no rate limiter runs on this branch's gateway, so the 429 comes from a stub
-    clock = FakeClock()
+    clock = SimClock()
     calls = []
 
     def limited(request: httpx.Request) -> httpx.Response:
@@ -416,23 +422,11 @@ def test_the_sdk_imports_nothing_from_the_server_packages() -> None:
 # -- the timing policy on a simulated clock -----------------------------------------------------------
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1_800_000_000.0
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        assert seconds >= 0
-        self.t += seconds
-
-
 class SimulatedGateway:
     """Answers status polls as the gateway does (Retry-After 1 s doubling to 30 s by age), on a fake clock."""
 
     def __init__(self, duration: float, outage: tuple[float, float] | None = None) -> None:
-        self.clock = FakeClock()
+        self.clock = SimClock()
         self.start = self.clock.t
         self.duration = duration
         self.outage = outage
@@ -449,21 +443,13 @@ class SimulatedGateway:
         done = age >= self.duration
         task = {"task_id": request.url.path.rsplit("/", 1)[1], "status": "COMPLETED" if done else "RUNNING",
                 "progress": 100 if done else int(100 * age / self.duration)}
-        retry_after = 0 if done else polling_interval(age)
+        retry_after = 0 if done else gateway_retry_after(age)
         self.answers.append((age, 200, retry_after))
         return httpx.Response(200, headers={} if done else {"Retry-After": str(retry_after)},
                               json={"code": 0, "message": "success", "data": task})
 
 
-def polling_interval(age: float) -> int:
-    from benchmarks.bench_client_polling import gateway_retry_after
-
-    return gateway_retry_after(age)
-
-
 def test_polling_cost_and_herd_meet_their_goals_on_a_simulated_clock() -> None:
-    from benchmarks.bench_client_polling import herd, polling_cost
-
     for duration in (5, 60, 300):
         row = polling_cost(duration, runs=20, seed=1)
         assert row.max_late_sec <= 30.0, row
