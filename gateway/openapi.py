@@ -20,7 +20,7 @@ from exports_common.submit_body import FORMATS
 from exports_common.task_ids import TASK_ID_PATTERN
 from gateway.config import GatewayConfig, plugin_of
 from gateway.runtime import Runtime
-from gateway.upstream import UpstreamError
+from gateway.upstream import Timeouts, UpstreamError
 
 log = logging.getLogger("gateway.openapi")
 EXPORT_TYPES_PATH = "/api/v1/export-types"
@@ -289,7 +289,9 @@ async def _fetch(runtime: Runtime) -> ExportTypes | None:
         return None
     upstream = runtime.services.upstreams[route.upstream]
     try:
-        resp = await runtime.services.client.request("GET", upstream.url + route.rewrite, [], None, upstream.timeouts)
+        # a document request waits at most a few seconds for the backend, whatever the route's own read timeout
+        timeouts = Timeouts(connect=min(upstream.timeouts.connect, 2.0), read=min(upstream.timeouts.read, 5.0))
+        resp = await runtime.services.client.request("GET", upstream.url + route.rewrite, [], None, timeouts)
         body = json.loads(await resp.read())
         items = body["data"]["items"] if resp.status == 200 else None
     except (UpstreamError, ValueError, KeyError, TypeError) as exc:
