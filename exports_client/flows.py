@@ -88,7 +88,8 @@ def export_types(ctx: Context) -> Flow[list[ExportType]]:
 
 
 def list_page(ctx: Context, status: str | None, page_size: int, cursor: str | None) -> Flow[Any]:
-    params = {"limit": str(page_size), **({"status": status} if status else {}), **({"cursor": cursor} if cursor else {})}
+    params = {"limit": str(page_size), **({"status": status} if status else {}),
+              **({"cursor": cursor} if cursor else {})}
     return (yield from data(ctx, core.Call("GET", "/api/v1/exports", params=params)))
 
 

@@ -39,7 +39,7 @@ def misbehaving_routes(routes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     down = _route(routes, "status")
     down.update(name="down_status", path="/down/api/v1/exports/{task_id}",
                 plugins=["auth", {"fault": {"abort": {"status": 503}}}])
-    return routes + [slow, down]
+    return [*routes, slow, down]
 
 
 @dataclass

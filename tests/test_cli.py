@@ -36,8 +36,8 @@ def env(stack: ClientStack, **extra: str) -> dict[str, str]:
 
 def exportctl(stack: ClientStack, *args: str, extra: dict[str, str] | None = None,
               timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([EXPORTCTL, *args], check=False, env=env(stack, **(extra or {})), capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run([EXPORTCTL, *args], check=False, env=env(stack, **(extra or {})), capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
 
 
 def no_control_characters(*texts: str) -> None:

@@ -216,8 +216,8 @@ def test_wait_backs_off_through_a_503_and_a_dead_gateway() -> None:
                        sleep=clock.sleep, rng=random.Random(3)) as c:
         done = c.wait("exp-20261129-aaaaaaaaaaaaaaaa")
     assert done.status == "COMPLETED"
-    gaps = [b - a for a, b in zip(sim.polls, sim.polls[1:])]
-    refused = [b - a for (a, status, asked), b in zip(sim.answers, sim.polls[1:]) if status == 503]
+    gaps = [b - a for a, b in itertools.pairwise(sim.polls)]
+    refused = [b - a for (a, status, asked), b in zip(sim.answers[:-1], sim.polls[1:], strict=True) if status == 503]
     assert refused and all(gap >= 5.0 for gap in refused), refused   # the outage asks for 5 s
     assert min(gaps) >= 1.0
 
@@ -408,7 +408,8 @@ def test_the_sdk_imports_nothing_from_the_server_packages() -> None:
         "import exports_client, exports_client.cli, exports_client.aio\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
     allowed = set(sys.stdlib_module_names) | {"httpx", "rich", "exports_client"}
     for path in (ROOT / "exports_client").glob("*.py"):
