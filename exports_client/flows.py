@@ -139,8 +139,8 @@ def download(ctx: Context, task_id_or_task: str | Task, dest: core.Dest, resume:
             try:
                 resp = yield Stream(url, {**auth, **sink.headers()}, sink)
             except core.TRANSPORT_ERRORS as exc:
-                if attempt == attempts:
-                    raise core.unreachable(url, exc) from exc
+                if attempt == attempts:  # named without its query: the signature is a credential
+                    raise core.unreachable(url.split("?", 1)[0], exc) from exc
                 yield Sleep(polling.full_jitter(attempt - 1, ctx.rng, floor=0.2, ceiling=8.0))
                 continue
             assert resp is not None
