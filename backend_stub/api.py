@@ -14,6 +14,7 @@ from starlette.types import Receive, Scope, Send
 from backend_stub import lifecycle
 from backend_stub.config import BackendConfig
 from backend_stub.files import ResultFiles
+from backend_stub.filters import filters_schema
 from backend_stub.http_fault import RequestCounter
 from backend_stub.models import COMPLETED, Task
 from backend_stub.store import TaskStore
@@ -22,6 +23,7 @@ from exports_common.envelope import error_response, ok
 from exports_common.errors import ApiError, ErrorKind, validation_error
 from exports_common.json_body import parse_json, read_limited
 from exports_common.list_query import PARAMS, check_list_query
+from exports_common.submit_body import FORMATS
 from exports_common.task_ids import is_task_id
 
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
@@ -37,6 +39,7 @@ class BackendApi:
     def routes(self) -> list[Route]:
         return [
             Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/export-types", self.export_types, methods=["GET"]),
             Route("/exports", self.create, methods=["POST"]),
             Route("/exports", self.list, methods=["GET"]),
             Route("/exports/{task_id}", self.get, methods=["GET"]),
@@ -48,6 +51,12 @@ class BackendApi:
     async def healthz(self, request: Request) -> Response:
         return ok({"status": "ok", "store": "redis" if self.config.redis_url else "sqlite",
                    "requests": self.counter.requests})
+
+    async def export_types(self, request: Request) -> Response:
+        items = [{"export_type": name, "filters_schema": filters_schema(spec.filters), "formats": list(FORMATS),
+                  "max_attempts": spec.max_attempts, "estimated_completion_sec": self._estimate_sec(name)}
+                 for name, spec in self.config.export_types.items()]
+        return ok({"items": items})
 
     async def _json(self, request: Request) -> Any:
         body = await read_limited(request.stream(), self.config.max_body_bytes, request.headers.get("content-length"))
