@@ -23,7 +23,7 @@ class FilterSpec(Strict):
     multiple: bool = Field(False, description="enum only: the client may send a list, matching any of it")
 
     @model_validator(mode="after")
-    def _enum_has_values(self) -> "FilterSpec":
+    def _enum_has_values(self) -> FilterSpec:
         if self.type == "enum" and not self.values:
             raise ValueError("an enum filter needs a non-empty 'values' list")
         return self
@@ -93,7 +93,7 @@ class ExportTypeConfig(Strict):
     fault: FaultConfig = Field(default_factory=FaultConfig)
 
     @model_validator(mode="after")
-    def _columns_exist(self) -> "ExportTypeConfig":
+    def _columns_exist(self) -> ExportTypeConfig:
         if self.dataset not in DATASETS:
             raise ValueError(f"unknown dataset {self.dataset!r}; known: {sorted(DATASETS)}")
         columns = DATASETS[self.dataset].columns
@@ -110,6 +110,10 @@ class BackendConfig(Strict):
     data_dir: str = ".data/backend"
     redis_url: str = Field("", description="empty: embedded SQLite store; set: shared Redis store and queue")
     redis_prefix: str = "exports"
+    result_store: str = Field("", pattern=r"^$|^file://.+|^s3://[^/]+(/.*)?$", description=(
+        "where result files live: empty (file:// under data_dir), file://PATH, or s3://BUCKET/PREFIX "
+        "(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION); several backends need "
+        "one store they all read"))
     workers: int = Field(2, ge=1, le=64)
     lease_sec: float = Field(30.0, gt=0, description="a dead worker's task is picked up again after this")
     progress_interval_sec: float = Field(0.5, gt=0)
@@ -126,7 +130,7 @@ class BackendConfig(Strict):
     export_types: dict[str, ExportTypeConfig]
 
     @model_validator(mode="after")
-    def _timeouts(self) -> "BackendConfig":
+    def _timeouts(self) -> BackendConfig:
         if self.default_timeout_sec > self.max_timeout_sec:
             raise ValueError("default_timeout_sec must not exceed max_timeout_sec")
         if not self.export_types:

@@ -28,10 +28,13 @@ class ErrorKind(Enum):
     FILE_GONE = (41001, 410, "the result file has expired")
     PAYLOAD_TOO_LARGE = (41300, 413, "the request body is too large")
     UNSUPPORTED_MEDIA_TYPE = (41500, 415, "send the body as 'Content-Type: application/json'")
+    RANGE_NOT_SATISFIABLE = (41600, 416, "the requested byte range starts past the end of the file")
     HEADERS_TOO_LARGE = (43100, 431, "the request headers are too large")
     VALIDATION = (42200, 422, "the request is invalid")
     IDEMPOTENCY_KEY_REUSED = (42201, 422, "this Idempotency-Key was used with a different body; use a new key")
     INTERNAL = (50000, 500, "internal error; the request was not applied, retry later")
+    RESULT_MISSING = (50001, 500, "the task's result file is missing from the result store although the task "
+                      "has not expired; re-run the task, and check that every backend uses the same result_store")
     UPSTREAM_UNREACHABLE = (50200, 502, "the upstream service could not be reached; retry later")
     UNAVAILABLE = (50300, 503, "the service is temporarily unavailable; retry after the time in Retry-After")
     UPSTREAM_TIMEOUT = (50400, 504, "the upstream service did not answer in time; retry later")
