@@ -191,6 +191,15 @@ class S3Server:
 
         return re.findall(r"<Key>([^<]+)</Key>", body)
 
+    def delete(self, key: str) -> None:
+        """Remove one object behind the backends' backs (moto refuses unsigned deletes)."""
+        import obstore
+        from obstore.store import S3Store
+
+        store = S3Store(self.bucket, endpoint=self.endpoint, access_key_id=self.ACCESS_KEY,
+                        secret_access_key=self.SECRET_KEY, region=self.REGION, client_options={"allow_http": True})
+        obstore.delete(store, key)
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()

@@ -23,7 +23,7 @@ from backend_stub.result_store.base import ObjectMissing, ResultStore, StoreUnav
 if TYPE_CHECKING:
     from obstore import BytesStream
 
-PART_BYTES = 8 * 1024 * 1024
+PART_BYTES = 5 * 1024 * 1024  # the smallest part S3 allows: the least memory per part in flight
 PARTS_IN_FLIGHT = 2
 READ_CHUNK = 256 * 1024
 
