@@ -39,7 +39,6 @@ def create_app(config: BackendConfig) -> HttpFault:
             callbacks.cancel()
             await workers.stop()
             await store.close()
-            await results.close()
 
     counter = RequestCounter()
     api = BackendApi(config, store, files, results, counter)

@@ -5,6 +5,7 @@ uploads one file from disk as a multipart upload, then streams it back whole and
 Range, discarding the bytes. Reported: import time, MiB/s both ways, and peak RSS above the
 RSS after import (what the transfer itself holds).
 
+    pip install aiobotocore   # not a project dependency: only this comparison uses it
     python -m benchmarks.s3_clients [--mib 256]
 """
 from __future__ import annotations

@@ -173,7 +173,7 @@ class S3Server:
         return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.ACCESS_KEY,
                 "AWS_SECRET_ACCESS_KEY": self.SECRET_KEY, "AWS_REGION": self.REGION}
 
-    def start(self, make_bucket: bool = True) -> "S3Server":
+    def start(self, make_bucket: bool = True) -> S3Server:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=log, stderr=subprocess.STDOUT)
@@ -184,7 +184,7 @@ class S3Server:
             httpx.put(f"{self.endpoint}/{self.bucket}", timeout=5.0).raise_for_status()
         return self
 
-    def keys(self) -> list[str]:
+    def object_keys(self) -> list[str]:
         """Every object key in the bucket (a plain unsigned ListObjectsV2, which moto accepts)."""
         body = httpx.get(f"{self.endpoint}/{self.bucket}?list-type=2", timeout=5.0).text
         import re

@@ -68,7 +68,7 @@ def test_a_task_downloads_whole_and_by_range_through_every_gateway_and_every_bac
         done = cluster.wait(task_id)
         result = done["result"]
         assert isinstance(result, dict)
-        assert f"{PREFIX}/{task_id}.csv" in cluster.s3.keys()
+        assert f"{PREFIX}/{task_id}.csv" in cluster.s3.object_keys()
         assert not list((Path(cluster.backends[0].config["data_dir"]) / "files").glob(f"{task_id}*"))
         assert not list((Path(cluster.backends[1].config["data_dir"]) / "files").glob(f"{task_id}*"))
         link = str(result["download_url"]).split(API, 1)[1]
@@ -119,8 +119,8 @@ def test_expiry_deletes_the_object_then_the_task(services: Callable[..., Service
         backend = _s3_backend(services, tmp_path, "short", redis.url, s3, task_ttl_sec=2, sweep_interval_sec=0.2)
         task_id = str(backend_create(backend.url, {"export_type": "report_export"}).json()["data"]["task_id"])
         wait_status(backend.url, task_id)
-        assert s3.keys() == [f"{PREFIX}/{task_id}.csv"]
-        wait_until(lambda: s3.keys() == [], 15, what="the janitor to delete the object")
+        assert s3.object_keys() == [f"{PREFIX}/{task_id}.csv"]
+        wait_until(lambda: s3.object_keys() == [], 15, what="the janitor to delete the object")
         wait_until(lambda: httpx.get(f"{backend.url}/exports/{task_id}").status_code == 404, 10,
                    what="the task record to be deleted")
     finally:
@@ -161,12 +161,13 @@ def test_memory_stays_flat_uploading_and_streaming_a_big_file(cluster: Cluster) 
 
     def sample() -> None:  # both: either backend's worker may run the export and upload it
         while not stop.wait(0.05):
-            peak[:] = [max(p, b.rss_bytes()) for p, b in zip(peak, cluster.backends)]
+            peak[:] = [max(p, b.rss_bytes()) for p, b in zip(peak, cluster.backends, strict=True)]
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        task_id = str(backend_create(backend.url, {"export_type": "big_export"}, tenant="demo").json()["data"]["task_id"])
+        created = backend_create(backend.url, {"export_type": "big_export"}, tenant="demo")
+        task_id = str(created.json()["data"]["task_id"])
         size = int(wait_status(backend.url, task_id, timeout=120)["result"]["bytes"])
         received = 0
         with httpx.stream("GET", f"{backend.url}/exports/{task_id}/file", timeout=60) as resp:
@@ -176,7 +177,7 @@ def test_memory_stays_flat_uploading_and_streaming_a_big_file(cluster: Cluster) 
     finally:
         stop.set()
         sampler.join()
-    grown = [p - i for p, i in zip(peak, idle)]
+    grown = [p - i for p, i in zip(peak, idle, strict=True)]
     print(f"file {size / 2**20:.1f} MiB; backend RSS growth {[round(g / 2**20, 1) for g in grown]} MiB")
     assert received == size and size > 40 * 2**20
     # upload parts in flight (2 x 5 MiB) and read chunks bound it, whatever the file's size

@@ -36,6 +36,3 @@ class ResultStore(ABC):
     @abstractmethod
     async def delete(self, key: str) -> None:
         """Remove the object; a missing one is not an error."""
-
-    async def close(self) -> None:
-        """Release connections; nothing to do by default."""

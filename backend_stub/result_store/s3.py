@@ -8,6 +8,7 @@ streams, so memory stays at a few chunks whatever the file's size.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -51,7 +52,7 @@ class S3ResultStore(ResultStore):
             await obstore.put_async(self.store, key, source, chunk_size=PART_BYTES, max_concurrency=PARTS_IN_FLIGHT)
         except (BaseError, OSError) as exc:
             raise StoreUnavailable(f"upload of {key} failed: {exc}") from exc
-        source.unlink(missing_ok=True)
+        await asyncio.to_thread(source.unlink, missing_ok=True)
 
     async def read(self, key: str, start: int, end: int) -> AsyncIterator[bytes]:
         try:
