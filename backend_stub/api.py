@@ -128,7 +128,10 @@ class BackendApi:
                                data=updated.public())
             raise ApiError(ErrorKind.NOT_RETRYABLE, f"a {updated.status} task cannot be re-run", data=updated.public())
         self.files.remove_partials(task.task_id)
-        await self.results.delete(object_key(task.task_id, task.format))
+        try:  # only TIMEOUT or FAILED tasks re-run, so there is rarely an object; the new attempt overwrites it
+            await self.results.delete(object_key(task.task_id, task.format))
+        except StoreUnavailable as exc:
+            log.warning("could not delete the old result before a re-run", extra={"error": str(exc)})
         return ok(updated.public())
 
     async def list(self, request: Request) -> Response:

@@ -43,7 +43,7 @@ class RedisMeter:
         return calls, int(net["total_net_input_bytes"]) + int(net["total_net_output_bytes"])
 
 
-def measure(meter: RedisMeter, action: Callable[[], None]) -> tuple[Counter[str], int, float]:
+def measure(meter: RedisMeter, action: Callable[[], object]) -> tuple[Counter[str], int, float]:
     calls0, bytes0 = meter.sample()
     start = time.monotonic()
     action()

@@ -25,7 +25,7 @@ AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
 
 def test_compose_yaml_is_made_from_the_topology_run_cluster_starts() -> None:
     on_disk = yaml.safe_load((ROOT / "compose.yaml").read_text())
-    assert on_disk == run_cluster.compose(), "compose.yaml is stale: python scripts/run_cluster.py compose > compose.yaml"
+    assert on_disk == run_cluster.compose(), "stale: python scripts/run_cluster.py compose > compose.yaml"
     services = on_disk["services"]
     assert list(services) == [node.name for node in run_cluster.TOPOLOGY]
     for node in run_cluster.TOPOLOGY:
