@@ -11,6 +11,7 @@ COPY pyproject.toml README.md ./
 COPY gateway gateway
 COPY backend_stub backend_stub
 COPY exports_common exports_common
+COPY exports_client exports_client
 COPY config config
 COPY scripts scripts
 COPY deploy deploy
