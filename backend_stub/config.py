@@ -113,6 +113,10 @@ class BackendConfig(Strict):
     data_dir: str = ".data/backend"
     redis_url: str = Field("", description="empty: embedded SQLite store; set: shared Redis store and queue")
     redis_prefix: str = "exports"
+    result_store: str = Field("", pattern=r"^$|^file://.+|^s3://[^/]+(/.*)?$", description=(
+        "where result files live: empty (file:// under data_dir), file://PATH, or s3://BUCKET/PREFIX "
+        "(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION); several backends need "
+        "one store they all read"))
     workers: int = Field(2, ge=1, le=64)
     lease_sec: float = Field(30.0, gt=0, description="a dead worker's task is picked up again after this")
     progress_interval_sec: float = Field(0.5, gt=0)

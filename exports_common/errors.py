@@ -34,6 +34,8 @@ class ErrorKind(Enum):
     VALIDATION = (42200, 422, "the request is invalid")
     IDEMPOTENCY_KEY_REUSED = (42201, 422, "this Idempotency-Key was used with a different body; use a new key")
     INTERNAL = (50000, 500, "internal error; the request was not applied, retry later")
+    RESULT_MISSING = (50001, 500, "the task's result file is missing from the result store although the task "
+                      "has not expired; re-run the task, and check that every backend uses the same result_store")
     UPSTREAM_UNREACHABLE = (50200, 502, "the upstream service could not be reached; retry later")
     UNAVAILABLE = (50300, 503, "the service is temporarily unavailable; retry after the time in Retry-After")
     UPSTREAM_TIMEOUT = (50400, 504, "the upstream service did not answer in time; retry later")
