@@ -6,8 +6,9 @@ import contextlib
 from typing import AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.routing import Route
 
-from backend_stub import janitor
+from backend_stub import janitor, metrics
 from backend_stub.api import BackendApi
 from backend_stub.callbacks import CallbackSender
 from backend_stub.config import BackendConfig
@@ -40,5 +41,7 @@ def create_app(config: BackendConfig) -> HttpFault:
 
     counter = RequestCounter()
     api = BackendApi(config, store, files, counter)
-    app = Starlette(routes=api.routes(), lifespan=lifespan, exception_handlers=exception_handlers())
+    metrics.seed(config.export_types, config.workers)
+    routes = api.routes() + [Route("/metrics", metrics.endpoint(store), methods=["GET"])]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=exception_handlers())
     return HttpFault(app, config.http_fault, counter)

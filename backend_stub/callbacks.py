@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from backend_stub import lifecycle
+from backend_stub import lifecycle, metrics
 from backend_stub.config import BackendConfig
 from backend_stub.models import Task
 from backend_stub.store import TaskStore
@@ -84,6 +84,8 @@ class CallbackSender:
             await self.store.update(task_id, lifecycle.callback_attempted(cb["seq"], error,
                                                                           self.config.retry_delays_sec, final))
             outcome = "delivered" if error is None else ("failed" if final else "will retry")
+            metrics.callback_tried(metrics.callback_outcome(error, final or cb["attempts"] >= len(
+                self.config.retry_delays_sec)), task.finished_at)
             log.info(f"callback {outcome}", extra={"task_id": task_id, "callback_seq": cb["seq"],
                                                     "try": cb["attempts"] + 1, "error": error})
         except Exception:

@@ -5,6 +5,7 @@ import asyncio
 import logging
 import time
 
+from backend_stub import metrics
 from backend_stub.files import ResultFiles
 from backend_stub.store import TaskStore
 
@@ -19,6 +20,7 @@ async def sweep_once(store: TaskStore, files: ResultFiles) -> int:
             files.remove_all(task_id)
             await store.delete(task_id)
         removed += len(task_ids)
+        metrics.janitor_deletions.inc(len(task_ids))
         if len(task_ids) < BATCH:
             break
     return removed

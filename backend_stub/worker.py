@@ -15,7 +15,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from backend_stub import lifecycle
+from backend_stub import lifecycle, metrics
 from backend_stub.config import BackendConfig
 from backend_stub.export_job import Cancelled, ExportJob, JobResult, TransientFailure
 from backend_stub.files import ResultFiles
@@ -65,7 +65,11 @@ class Workers:
             if task is not None:
                 traceparent = task.extra.get("traceparent", "")
                 trace_id_var.set(traceparent.split("-")[1] if traceparent.count("-") == 3 else None)
-                await self._run(task, lease, consumer)
+                metrics.workers_busy.inc()
+                try:
+                    await self._run(task, lease, consumer)
+                finally:
+                    metrics.workers_busy.dec()
         finally:
             task_id_var.reset(token)
             trace_id_var.reset(trace_token)
@@ -76,6 +80,8 @@ class Workers:
         if current is None or spec is None:
             await self.store.ack(lease)
             return None
+        if current.status == RUNNING:
+            metrics.lease_reclaims.labels(current.export_type).inc()
         task, changed = await self.store.update(lease.task_id, lifecycle.begin(spec.max_attempts))
         if task is None or not changed or task.status != RUNNING:
             await self.store.ack(lease)
@@ -129,6 +135,7 @@ class Workers:
         except TransientFailure as exc:
             if task.attempt - task.base_attempt + 1 < spec.max_attempts:
                 log.warning("transient failure; re-queued", extra={"attempt": task.attempt, "error": str(exc)})
+                metrics.task_retries.labels(task.export_type).inc()
                 await self.store.update(task.task_id, lifecycle.requeue(task.attempt), enqueue=True, ack=lease)
                 return
             change = lifecycle.finish(FAILED, attempt=task.attempt, ttl_sec=ttl, error=error_info(
@@ -154,4 +161,6 @@ class Workers:
             await self.store.ack(lease)
             if final is None or final.status != COMPLETED:
                 self.files.final(task.task_id, task.format).unlink(missing_ok=True)
+        elif final is not None:
+            metrics.task_ended(task.export_type, final.status, task.started_at, (final.result or {}).get("rows"))
         log.info("task ended", extra={"status": final.status if final else None, "attempt": task.attempt})
