@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
-from backend_stub import lifecycle
+from backend_stub import lifecycle, tracing
 from backend_stub.config import BackendConfig
 from backend_stub.files import ResultFiles
 from backend_stub.http_fault import RequestCounter
@@ -67,7 +67,7 @@ class BackendApi:
             format=submission.format, timeout_sec=submission.timeout_sec, callback_url=submission.callback_url,
             fingerprint=submission.fingerprint(tenant), created_at=now, updated_at=now,
             callback={"state": "PENDING", "attempts": 0, "last_error": None} if submission.callback_url else None,
-            extra={"traceparent": request.headers["traceparent"]} if "traceparent" in request.headers else {},
+            extra=tracing.extra(request.headers.get("traceparent")),
         )
         stored, created = await self.store.create(task)
         if not created and stored.fingerprint != task.fingerprint:
@@ -103,6 +103,7 @@ class BackendApi:
     async def retry(self, request: Request) -> Response:
         task = await self._visible(request)
         expected, overrides = parse_rerun(await self._json(request), self.config)
+        overrides["extra"] = dict(task.extra, **tracing.extra(request.headers.get("traceparent"), "rerun_traceparent"))
         updated, changed = await self.store.update(task.task_id, lifecycle.rerun(expected, overrides), enqueue=True)
         if updated is None:
             raise ApiError(ErrorKind.TASK_NOT_FOUND)

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from backend_stub import lifecycle, metrics
+from backend_stub import lifecycle, metrics, tracing
 from backend_stub.config import BackendConfig
 from backend_stub.models import Task
 from backend_stub.store import TaskStore
@@ -80,7 +80,8 @@ class CallbackSender:
             if task is None or task.callback is None or task.callback_url is None:
                 return
             cb = task.callback
-            error, final = await self._try(task, cb)
+            with tracing.callback_delivery(task, cb["seq"], cb["attempts"] + 1) as trace_headers:
+                error, final = await self._try(task, cb, trace_headers)
             await self.store.update(task_id, lifecycle.callback_attempted(cb["seq"], error,
                                                                           self.config.retry_delays_sec, final))
             outcome = "delivered" if error is None else ("failed" if final else "will retry")
@@ -94,7 +95,7 @@ class CallbackSender:
             self._in_flight.discard(task_id)
             self._slots.release()
 
-    async def _try(self, task: Task, cb: dict[str, Any]) -> tuple[str | None, bool]:
+    async def _try(self, task: Task, cb: dict[str, Any], trace_headers: dict[str, str]) -> tuple[str | None, bool]:
         """(why it failed or None, whether that is final)."""
         url = task.callback_url or ""
         reason = await refusal(url, self.policy)
@@ -106,8 +107,7 @@ class CallbackSender:
         body = json.dumps(self.payload(task, cb), separators=(",", ":")).encode()
         headers = {"content-type": "application/json", "user-agent": "export-backend-callbacks/1"}
         headers |= webhooks.sign(secrets, cb["webhook_id"], body)
-        if traceparent := task.extra.get("traceparent"):
-            headers["traceparent"] = traceparent
+        headers |= trace_headers
         assert self._session is not None
         try:
             async with self._session.post(url, data=body, headers=headers, allow_redirects=False,

@@ -15,7 +15,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from backend_stub import lifecycle, metrics
+from backend_stub import lifecycle, metrics, tracing
 from backend_stub.config import BackendConfig
 from backend_stub.export_job import Cancelled, ExportJob, JobResult, TransientFailure
 from backend_stub.files import ResultFiles
@@ -67,7 +67,8 @@ class Workers:
                 trace_id_var.set(traceparent.split("-")[1] if traceparent.count("-") == 3 else None)
                 metrics.workers_busy.inc()
                 try:
-                    await self._run(task, lease, consumer)
+                    with tracing.export_run(task):
+                        await self._run(task, lease, consumer)
                 finally:
                     metrics.workers_busy.dec()
         finally:
@@ -109,6 +110,9 @@ class Workers:
             remaining = deadline - time.time()
             if remaining <= 0:
                 job.cancel()
+                # the thread stops later with Cancelled, which nobody awaits: retrieve it, or asyncio
+                # logs "Future exception was never retrieved" with a traceback for a normal TIMEOUT
+                future.add_done_callback(lambda done: done.cancelled() or done.exception())
                 await self._end(task, lease, lifecycle.finish(
                     TIMEOUT, attempt=task.attempt, ttl_sec=self.config.task_ttl_sec,
                     error=error_info("TASK_TIMEOUT", f"the export did not finish within {task.timeout_sec} s",
@@ -118,6 +122,7 @@ class Workers:
             if future.done():
                 break
             current, _ = await self.store.update(task.task_id, lifecycle.report(task.attempt, job.progress, job.step))
+            tracing.step(job.step)
             if current is None or current.status != RUNNING or current.attempt != task.attempt:
                 job.cancel()
                 await asyncio.gather(future, return_exceptions=True)
@@ -163,4 +168,5 @@ class Workers:
                 self.files.final(task.task_id, task.format).unlink(missing_ok=True)
         elif final is not None:
             metrics.task_ended(task.export_type, final.status, task.started_at, (final.result or {}).get("rows"))
+            tracing.ended(final.status, (final.result or {}).get("rows"))
         log.info("task ended", extra={"status": final.status if final else None, "attempt": task.attempt})

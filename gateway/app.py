@@ -34,7 +34,7 @@ from exports_common.jsonlog import request_id_var, task_id_var, trace_id_var
 from exports_common.signing import DownloadSigner
 from gateway import access_log, openapi, telemetry
 from gateway.breakers import STATES, Breakers
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RouteConfig, plugin_of
 from gateway.context import RequestContext
 from gateway.outbox_drainer import OutboxDrainer
 from gateway.response import GatewayResponse
@@ -140,7 +140,7 @@ class Gateway:
     def _apply(self, runtime: Runtime) -> None:
         self._runtime = runtime
         self.config_hash = hashlib.sha256(runtime.config.model_dump_json().encode()).hexdigest()[:16]
-        runtime.services.metrics.seed([(r.name, r.upstream) for r in runtime.config.routes])
+        runtime.services.metrics.seed([(r.name, r.upstream, _retry_reasons(r)) for r in runtime.config.routes])
 
     def _observe(self, services: Services) -> None:
         """The gauges read at scrape time (the outbox's size is refreshed by the /metrics handler)."""
@@ -308,6 +308,11 @@ class Gateway:
             Route("/admin/stats", self.admin_stats, methods=["GET"]),
             Route("/admin/reload", self.admin_reload, methods=["POST"]),
         ]
+
+
+def _retry_reasons(route: RouteConfig) -> list[str]:
+    return [str(reason) for entry in route.plugins for name, settings in [plugin_of(entry)] if name == "retry"
+            for reason in getattr(settings, "retry_on", [])]
 
 
 def _is_ops_path(path: str) -> bool:

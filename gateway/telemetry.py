@@ -165,10 +165,9 @@ class Metrics(Collector):
     def observe_gauge(self, name: str, description: str, read: Gauge) -> None:
         self._gauges.append((name, description, read))
 
-    def seed(self, routes: Iterable[tuple[str, str]], retry_reasons: Iterable[str] = ()) -> None:
-        """Zero for every (route, upstream) pair and the outcomes an alert or a dashboard reads."""
-        reasons = ("connect_error", "timeout", "reset", *retry_reasons)
-        for route, upstream in routes:
+    def seed(self, routes: Iterable[tuple[str, str, Iterable[str]]]) -> None:
+        """Zero for each route's (upstream, outcome) and (route, retry reason) an alert or a dashboard reads."""
+        for route, upstream, reasons in routes:
             for outcome in ("connect_error", "timeout", "reset"):
                 self.upstream_calls.seed(upstream, route, outcome)
             for reason in reasons:
