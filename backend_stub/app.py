@@ -9,6 +9,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from backend_stub import janitor, metrics, tracing
+from backend_stub.admin_api import AdminApi
 from backend_stub.api import BackendApi
 from backend_stub.callbacks import CallbackSender
 from backend_stub.config import BackendConfig
@@ -45,6 +46,6 @@ def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
     counter = RequestCounter()
     api = BackendApi(config, store, files, counter)
     metrics.seed(config.export_types, config.workers)
-    routes = api.routes() + [Route("/metrics", metrics.endpoint(store), methods=["GET"])]
+    routes = api.routes() + AdminApi(store).routes() + [Route("/metrics", metrics.endpoint(store), methods=["GET"])]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=exception_handlers())
     return tracing.TracingMiddleware(HttpFault(app, config.http_fault, counter))

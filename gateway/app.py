@@ -33,6 +33,7 @@ from exports_common import otel
 from exports_common.jsonlog import request_id_var, task_id_var, trace_id_var
 from exports_common.signing import DownloadSigner
 from gateway import access_log, openapi, telemetry
+from gateway.admin_recovery import AdminRecovery
 from gateway.breakers import STATES, Breakers
 from gateway.config import GatewayConfig, RouteConfig, plugin_of
 from gateway.context import RequestContext
@@ -307,7 +308,13 @@ class Gateway:
             Route("/admin/breakers", self.admin_breakers, methods=["GET"]),
             Route("/admin/stats", self.admin_stats, methods=["GET"]),
             Route("/admin/reload", self.admin_reload, methods=["POST"]),
+            *AdminRecovery(lambda: self.runtime.services, self._require_admin, self._recovery_upstream).routes(),
         ]
+
+    def _recovery_upstream(self) -> str:
+        """The export backend: the upstream named `exports`, else the first."""
+        upstreams = self.runtime.config.upstreams
+        return "exports" if "exports" in upstreams else next(iter(upstreams))
 
 
 def _retry_reasons(route: RouteConfig) -> list[str]:

@@ -244,3 +244,54 @@ def test_a_timeout_and_its_rerun_log_no_traceback(services: Callable[..., Servic
                what="both attempts' end in the log")
     for service in (backend, gateway):
         assert "Traceback" not in service.log() and "never retrieved" not in service.log(), service.log()[-3000:]
+
+
+def test_operator_recovery_of_dead_letters_and_failed_tasks(services: Callable[..., Service], tmp_path: Path) -> None:
+    with Receiver([500, 500]) as hook:
+        backend = services("backend_stub", backend_config(tmp_path, callbacks=LOOPBACK | {"retry_delays_sec": [0.1]}))
+        gateway = services("gateway", gateway_config(tmp_path, backend.url))
+        task_id = httpx.post(f"{gateway.url}{API}", json={"export_type": "report_export", "callback_url": hook.url},
+                             headers=AUTH, timeout=10).json()["data"]["task_id"]
+        broken = httpx.post(f"{gateway.url}{API}", json={"export_type": "broken_export"}, headers=AUTH,
+                            timeout=10).json()["data"]["task_id"]
+        wait_until(lambda: httpx.get(f"{backend.url}/exports/{task_id}").json()["data"]["callback"]["state"]
+                   == "FAILED", 15, what="the callback to be given up on")
+        dead = f"{gateway.url}/admin/recovery/callbacks"
+        assert httpx.get(dead, params={"tenant": "demo"}).status_code == 401
+        refused = httpx.get(dead, params={"tenant": "demo", "limit": "0"}, headers=ADMIN)
+        assert refused.status_code == 422 and refused.json()["code"] != 0
+        listed = httpx.get(dead, params={"tenant": "demo"}, headers=ADMIN).json()["data"]
+        assert [t["task_id"] for t in listed["items"]] == [task_id]
+        assert listed["items"][0]["callback"]["state"] == "FAILED" and listed["items"][0]["callback_seq"] == 1
+        assert httpx.get(dead, params={"tenant": "other"}, headers=ADMIN).json()["data"]["items"] == []
+
+        again = httpx.post(f"{gateway.url}/admin/recovery/tasks/{task_id}/redeliver", headers=ADMIN)
+        assert again.status_code == 200 and again.json()["data"]["callback_seq"] == 2
+        wait_until(lambda: hook.count() == 3, 15, what="the re-delivered notification")
+        assert json.loads(hook.received[2].body)["callback_seq"] == 2
+        assert hook.received[2].headers["webhook-id"] == f"msg_{task_id}_2"
+        batch = httpx.post(f"{gateway.url}/admin/recovery/callbacks/redeliver", headers=ADMIN,
+                           json={"task_ids": [task_id, "exp-20261129-zzzzzzzzzzzzzzzzzzzz"]}).json()["data"]
+        assert batch["results"][task_id] == {"ok": True, "callback_seq": 3}
+        assert batch["results"]["exp-20261129-zzzzzzzzzzzzzzzzzzzz"]["code"] == 40401
+        wait_until(lambda: hook.count() == 4, 15, what="the batch's notification")
+
+        wait_status(backend.url, broken, {"FAILED"})
+        failed = httpx.get(f"{gateway.url}/admin/recovery/tasks", params={"tenant": "demo", "status": "FAILED"},
+                           headers=ADMIN).json()["data"]["items"]
+        assert [t["task_id"] for t in failed] == [broken] and failed[0]["error"]["retryable"] is False
+        rerun = httpx.post(f"{gateway.url}/admin/recovery/tasks/{broken}/rerun", headers=ADMIN)
+        assert rerun.status_code == 200 and rerun.json()["data"]["status"] == "PENDING"
+        assert rerun.json()["data"]["attempt"] == failed[0]["attempt"] + 1
+        completed = httpx.post(f"{gateway.url}/admin/recovery/tasks/{task_id}/rerun", headers=ADMIN)
+        assert completed.status_code == 409 and completed.json()["code"] == 40905
+    audit = [r for r in _json_lines(gateway.log()) if r.get("logger") == "gateway.audit"]
+    assert {(r["action"], r["outcome"]) for r in audit} >= {
+        ("list_dead_letters", "done"), ("redeliver", "done"), ("redeliver_batch", "done"), ("rerun", "done"),
+        ("rerun", "refused_409"), ("list_dead_letters", "refused_422")}
+    assert {r["client"] for r in audit} == {"127.0.0.1"}, "each audit line names who acted"
+    gateway_text, backend_text = scrape(gateway), scrape(backend)
+    assert metric(gateway_text, "gateway_operator_actions_total", action="rerun", outcome="done") == 1
+    assert metric(backend_text, "backend_operator_actions_total", action="redeliver", outcome="done") == 2
+    assert metric(backend_text, "backend_operator_actions_total", action="redeliver", outcome="not_found") == 1
+    assert metric(backend_text, "backend_callback_deliveries_total", outcome="failed") == 1
