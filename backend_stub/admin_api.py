@@ -72,7 +72,7 @@ class AdminApi:
     async def _list(self, tenant: str, status: str | None, limit: int, cursor: str | None
                     ) -> tuple[list[Task], str | None]:
         try:
-            return await self.store.list(tenant, status, limit, cursor)
+            return await self.store.list_tasks(tenant, status, limit, cursor)
         except ValueError as exc:
             raise validation_error("cursor", str(exc)) from exc
 

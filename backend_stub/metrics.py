@@ -12,7 +12,6 @@ import time
 from typing import Awaitable, Callable, Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
 from starlette.requests import Request
 from starlette.responses import Response
 

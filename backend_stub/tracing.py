@@ -20,15 +20,20 @@ from backend_stub.models import Task
 from exports_common import otel
 from exports_common.otel import TracingConfig
 
-_tracer: trace.Tracer = trace.NoOpTracer()
+
+class _Tracer:
+    """The process's tracer, a no-op one until `setup` finds an exporter."""
+
+    current: trace.Tracer = trace.NoOpTracer()
+
+
 _last_step: ContextVar[str | None] = ContextVar("export_step", default=None)
 
 
 def setup(config: TracingConfig) -> None:
-    global _tracer
     resolved = otel.from_environment(config)
     if resolved.exporter != "none":
-        _tracer = otel.install("backend", resolved)
+        _Tracer.current = otel.install("backend", resolved)
 
 
 def _context_of(traceparent: str | None) -> context.Context | None:
@@ -56,13 +61,13 @@ class TracingMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or isinstance(_tracer, trace.NoOpTracer):
+        if scope["type"] != "http" or isinstance(_Tracer.current, trace.NoOpTracer):
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        with _tracer.start_as_current_span(f"{scope['method']} {scope['path']}", context=propagate.extract(headers),
-                                           kind=trace.SpanKind.SERVER,
-                                           attributes={"http.request.method": scope["method"]}) as span:
+        with _Tracer.current.start_as_current_span(
+                f"{scope['method']} {scope['path']}", context=propagate.extract(headers), kind=trace.SpanKind.SERVER,
+                attributes={"http.request.method": scope["method"]}) as span:
             async def sending(message: Message) -> None:
                 if message["type"] == "http.response.start":
                     span.set_attribute("http.response.status_code", message["status"])
@@ -77,13 +82,13 @@ class TracingMiddleware:
 @contextlib.contextmanager
 def export_run(task: Task) -> Iterator[trace.Span]:
     """The worker's run of one attempt, in the task's trace; a re-run links to the request that asked for it."""
-    if isinstance(_tracer, trace.NoOpTracer):
+    if isinstance(_Tracer.current, trace.NoOpTracer):
         yield trace.INVALID_SPAN
         return
     parent = _context_of(task.extra.get("traceparent"))
     token = _last_step.set(None)
     try:
-        with _tracer.start_as_current_span(
+        with _Tracer.current.start_as_current_span(
                 f"export {task.export_type}", context=parent or context.Context(), kind=trace.SpanKind.CONSUMER,
                 links=_link(task.extra.get("rerun_traceparent")),
                 attributes={"export.task_id": task.task_id, "export.type": task.export_type,
@@ -115,10 +120,10 @@ def ended(status: str, rows: int | None) -> None:
 def callback_delivery(task: Task, seq: int, attempt: int) -> Iterator[dict[str, str]]:
     """A span per delivery try in the task's trace; yields the trace headers the receiver gets."""
     stored = task.extra.get("traceparent")
-    if isinstance(_tracer, trace.NoOpTracer):
+    if isinstance(_Tracer.current, trace.NoOpTracer):
         yield {"traceparent": stored} if stored else {}
         return
-    with _tracer.start_as_current_span(
+    with _Tracer.current.start_as_current_span(
             "callback", context=_context_of(stored) or context.Context(), kind=trace.SpanKind.PRODUCER,
             attributes={"export.task_id": task.task_id, "callback.seq": seq, "callback.try": attempt}):
         carrier: dict[str, str] = {}

@@ -41,7 +41,7 @@ def main() -> None:
                                   {"RUNNING"})
         hits: dict[str, list[wrk.WrkResult]] = {"off": [], "otlp": []}
         misses: dict[str, list[wrk.WrkResult]] = {"off": [], "otlp": []}
-        for name, gateway in gateways.items():  # warm-up
+        for gateway in gateways.values():  # warm-up
             wrk.run(f"{gateway.url}/api/v1/exports/{done}", seconds=1, headers=AUTH)
             wrk.run(f"{gateway.url}/api/v1/exports/{running}", seconds=1, headers=AUTH)
         for _ in range(args.rounds):

@@ -98,7 +98,7 @@ def new_trace_sampled(config: TracingConfig, trace_id: int) -> bool:
     return trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < TraceIdRatioBased.get_bound_for_rate(config.sample_ratio)
 
 
-_provider: TracerProvider | None = None
+_providers: dict[str, TracerProvider] = {}  # the one provider, once installed
 
 
 def install(default_service: str, config: TracingConfig, presampled: bool = False) -> trace.Tracer:
@@ -106,8 +106,7 @@ def install(default_service: str, config: TracingConfig, presampled: bool = Fals
 
     `presampled`: the caller applies the ratio to new traces itself, before making a span.
     """
-    global _provider
-    if _provider is None:
+    if "installed" not in _providers:
         resource = Resource.create({"service.name": config.service_name or default_service})
         chosen = ParentBased(ALWAYS_ON) if presampled else sampler(config)
         provider = TracerProvider(resource=resource, sampler=chosen if config.exporter != "none" else ALWAYS_OFF)
@@ -120,11 +119,11 @@ def install(default_service: str, config: TracingConfig, presampled: bool = Fals
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint),
                                                            schedule_delay_millis=1000))
         trace.set_tracer_provider(provider)
-        _provider = provider
-    return _provider.get_tracer(default_service)
+        _providers["installed"] = provider
+    return _providers["installed"].get_tracer(default_service)
 
 
 def shutdown() -> None:
     """Send the spans still queued (a process that stops otherwise loses its last second of them)."""
-    if _provider is not None:
-        _provider.force_flush(5000)
+    for provider in _providers.values():
+        provider.force_flush(5000)

@@ -26,10 +26,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from exports_common import otel
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.envelope import exception_handlers, ok
 from exports_common.errors import ApiError, ErrorKind, unavailable
-from exports_common import otel
 from exports_common.jsonlog import request_id_var, task_id_var, trace_id_var
 from exports_common.signing import DownloadSigner
 from gateway import access_log, openapi, telemetry
@@ -246,7 +246,7 @@ class Gateway:
             host = urlsplit(upstream.url).hostname or ""
             try:
                 await asyncio.wait_for(loop.getaddrinfo(host, None, type=socket.SOCK_STREAM), 2.0)
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 problems.append(f"upstream {name}: cannot resolve {host}")
         if problems:
             raise ApiError(ErrorKind.UNAVAILABLE, "not ready: " + "; ".join(problems), data={"problems": problems},

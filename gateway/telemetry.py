@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Callable, Iterable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from exports_common.otel import TracingConfig
 from gateway.tracing import ServerTrace, Tracing, inject, setup_tracing
 
-__all__ = ["Metrics", "ServerTrace", "Tracing", "inject", "setup", "prometheus_text"]
+__all__ = ["Metrics", "ServerTrace", "Tracing", "inject", "prometheus_text", "setup"]
 
 BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BOUND_LABELS = [str(b) for b in BOUNDS] + ["+Inf"]
@@ -63,7 +63,7 @@ class LatencyHistogram:
         self.labels = labels
         self.description = description
         self.counts: dict[tuple[str, ...], list[int]] = {}
-        self.sums: Counter[tuple[str, ...]] = Counter()
+        self.sums: defaultdict[tuple[str, ...], float] = defaultdict(float)
 
     def record(self, seconds: float, *values: str) -> None:
         counts = self.counts.get(values)
@@ -81,7 +81,7 @@ def _histogram(name: str, description: str, labels: Iterable[str],
                series: Iterable[tuple[list[str], list[int], float]]) -> HistogramMetricFamily:
     family = HistogramMetricFamily(name, description, labels=list(labels))
     for values, counts, total in series:
-        family.add_metric(values, list(zip(_BOUND_LABELS, itertools.accumulate(counts))), total)
+        family.add_metric(values, list(zip(_BOUND_LABELS, itertools.accumulate(counts), strict=True)), total)
     return family
 
 
@@ -95,7 +95,7 @@ class RequestStats:
 
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str, str, str], list[int]] = {}
-        self.sums: Counter[tuple[str, str, str, str]] = Counter()
+        self.sums: defaultdict[tuple[str, str, str, str], float] = defaultdict(float)
 
     def record(self, seconds: float, route: str, method: str, path: str, status: str) -> None:
         key = (route, method, path, status)
@@ -117,7 +117,7 @@ class RequestStats:
         for (route, _, _, status), counts, total in snapshot:
             requests.add_metric([route, status], sum(counts))
             merged, seconds = by_route.get(route, ([0] * len(counts), 0.0))
-            by_route[route] = ([a + b for a, b in zip(merged, counts)], seconds + total)
+            by_route[route] = ([a + b for a, b in zip(merged, counts, strict=True)], seconds + total)
         yield requests
         yield _histogram("gateway_request_duration_seconds", "time to answer, by route", ("route",),
                          (([route], c, s) for route, (c, s) in by_route.items()))

@@ -4,6 +4,7 @@ Needs Debian's `prometheus` package (the server and promtool); skipped with the 
 """
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
@@ -99,7 +100,7 @@ def test_every_dashboard_query_has_data_and_the_rules_load(services: Callable[..
         exprs = [target["expr"] for panel in panels for target in panel["targets"]]
         assert len(exprs) >= 20
         for expr in exprs:
-            wait_until(lambda: _query(url, expr), 30, interval=0.5, what=f"data for {expr}")
+            wait_until(functools.partial(_query, url, expr), 30, interval=0.5, what=f"data for {expr}")
         assert _query(url, 'sum(backend_tasks{status="COMPLETED"})')[0]["value"][1] == "3"
         groups = httpx.get(f"{url}/api/v1/rules", timeout=10).json()["data"]["groups"]
         rules = [rule for group in groups for rule in group["rules"]]

@@ -9,9 +9,9 @@ import pytest
 
 from exports_common import webhooks
 from exports_common.netpolicy import AddressPolicy, refusal
+from exports_common.otel import TracingConfig
 from exports_common.signing import DownloadSigner
 from exports_common.task_ids import is_task_id, new_task_id
-from exports_common.otel import TracingConfig
 from gateway import telemetry
 from gateway.breakers import Breaker, guarded
 from gateway.config import RouteConfig
