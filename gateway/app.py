@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -46,6 +46,8 @@ from gateway.upstream import AiohttpUpstream, UpstreamError
 
 log = logging.getLogger("gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# nginx's status for a request whose client closed the connection first: counted, never sent
+CLIENT_CLOSED = 499
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 
 
@@ -221,7 +223,10 @@ class Gateway:
             if exc.kind != "circuit_open":  # an open breaker is logged when it opens, not for every refusal
                 log.warning("upstream failed", extra={"route": ctx.route_name, "error": str(exc)})
             return upstream_error(exc)
-        except Exception:
+        except Exception as exc:
+            if _client_went_away(exc):
+                log.info("the client went away before its request was read", extra={"route": ctx.route_name})
+                return GatewayResponse(CLIENT_CLOSED)
             log.exception("request failed inside the gateway", extra={"route": ctx.route_name})
             return GatewayResponse.error(ApiError(ErrorKind.INTERNAL))
         finally:
@@ -315,6 +320,16 @@ class Gateway:
         """The export backend: the upstream named `exports`, else the first."""
         upstreams = self.runtime.config.upstreams
         return "exports" if "exports" in upstreams else next(iter(upstreams))
+
+
+def _client_went_away(exc: BaseException | None) -> bool:
+    """Whether the client's disconnect is what stopped the request (perhaps wrapped by the upstream client)."""
+    seen = 0
+    while exc is not None and seen < 5:
+        if isinstance(exc, ClientDisconnect):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _retry_reasons(route: RouteConfig) -> list[str]:

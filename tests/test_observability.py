@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from pathlib import Path
 from typing import Any, Callable
 
@@ -295,3 +296,16 @@ def test_operator_recovery_of_dead_letters_and_failed_tasks(services: Callable[.
     assert metric(backend_text, "backend_operator_actions_total", action="redeliver", outcome="done") == 2
     assert metric(backend_text, "backend_operator_actions_total", action="redeliver", outcome="not_found") == 1
     assert metric(backend_text, "backend_callback_deliveries_total", outcome="failed") == 1
+
+
+def test_a_client_that_goes_away_mid_body_is_an_info_line(services: Callable[..., Service], tmp_path: Path) -> None:
+    backend = services("backend_stub", backend_config(tmp_path))
+    gateway = services("gateway", gateway_config(tmp_path, backend.url))
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as sock:
+        sock.sendall(f"POST {API} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {DEMO_KEY}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"export_type\":".encode())
+    line = wait_until(lambda: next((r for r in _json_lines(gateway.log()) if "went away" in r["msg"]), None), 10,
+                      what="the disconnect's log line")
+    assert line["level"] == "info" and line["route"] == "submit"
+    assert "Traceback" not in gateway.log()
+    assert metric(scrape(gateway), "gateway_requests_total", route="submit", status="499") == 1
