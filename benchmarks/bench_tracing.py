@@ -6,12 +6,16 @@ ratio (0.05), the other has no exporter. The backend exports too (it records the
 traces the gateway samples). Same run, alternating rounds, best of each:
 - cache hit (each gateway pinned to one core, wrk on the other; goal >= 0.95);
 - cache miss, proxied to the backend (goal >= 0.9).
+With `--before DIR` (a checkout of an earlier commit with its own .venv), a third
+gateway runs that code with no exporter: this code against it, no exporter on
+either, is the "no slower than before" row.
 
-Run: python -m benchmarks.bench_tracing [--seconds 8] [--rounds 2]
+Run: python -m benchmarks.bench_tracing [--seconds 8] [--rounds 2] [--before DIR]
 """
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import httpx
 
@@ -25,6 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--before", type=Path, help="a checkout of the code to compare with, with its .venv")
     args = parser.parse_args()
     with OtlpReceiver() as collector, processes() as procs:
         workdir = procs.workdir
@@ -36,11 +41,15 @@ def main() -> None:
             "otlp": procs.start("gateway", gateway_config(workdir / "otlp", backend.url, log_level="warning",
                                                           tracing=exporting), "otlp"),
         }
+        if args.before:
+            before = gateway_config(workdir / "before", backend.url, log_level="warning")
+            before["tracing"] = {"exporter": "none"}  # the settings the earlier code knows
+            gateways["before"] = procs.start("gateway", before, "before", root=args.before.resolve())
         done = submit_and_wait(gateways["off"].url, {"export_type": "report_export"}, {"COMPLETED"})
         running = submit_and_wait(gateways["off"].url, {"export_type": "stuck_export", "timeout_sec": 3600},
                                   {"RUNNING"})
-        hits: dict[str, list[wrk.WrkResult]] = {"off": [], "otlp": []}
-        misses: dict[str, list[wrk.WrkResult]] = {"off": [], "otlp": []}
+        hits: dict[str, list[wrk.WrkResult]] = {name: [] for name in gateways}
+        misses: dict[str, list[wrk.WrkResult]] = {name: [] for name in gateways}
         for gateway in gateways.values():  # warm-up
             wrk.run(f"{gateway.url}/api/v1/exports/{done}", seconds=1, headers=AUTH)
             wrk.run(f"{gateway.url}/api/v1/exports/{running}", seconds=1, headers=AUTH)
@@ -60,6 +69,10 @@ def main() -> None:
             print(f"cache {kind}, tracing off      {off.line()}")
             print(f"cache {kind}, OTLP at 0.05     {otlp.line()}")
             print(f"  ratio {otlp.rps / off.rps:.2f} (goal >= {goal})")
+            if "before" in best[kind]:
+                before = best[kind]["before"]
+                print(f"cache {kind}, before, no exporter {before.line()}")
+                print(f"  this code / before, no exporter on either: {off.rps / before.rps:.2f} (goal >= 1.0)")
         traces = {s.trace_id for s in collector.spans}
         print(f"spans received: {len(collector.spans)} in {len(traces)} traces")
 

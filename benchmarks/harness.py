@@ -22,8 +22,8 @@ class Processes:
         self.workdir = workdir
         self.started: list[Service] = []
 
-    def start(self, module: str, config: dict[str, Any], name: str) -> Service:
-        service = Service(module, config, self.workdir, name).start()
+    def start(self, module: str, config: dict[str, Any], name: str, root: Path | None = None) -> Service:
+        service = Service(module, config, self.workdir, name, **({"root": root} if root else {})).start()
         self.started.append(service)
         return service
 
