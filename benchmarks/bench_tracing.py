@@ -70,9 +70,9 @@ def main() -> None:
             print(f"cache {kind}, OTLP at 0.05     {otlp.line()}")
             print(f"  ratio {otlp.rps / off.rps:.2f} (goal >= {goal})")
             if "before" in best[kind]:
-                before = best[kind]["before"]
-                print(f"cache {kind}, before, no exporter {before.line()}")
-                print(f"  this code / before, no exporter on either: {off.rps / before.rps:.2f} (goal >= 1.0)")
+                earlier = best[kind]["before"]
+                print(f"cache {kind}, before, no exporter {earlier.line()}")
+                print(f"  this code / before, no exporter on either: {off.rps / earlier.rps:.2f} (goal >= 1.0)")
         traces = {s.trace_id for s in collector.spans}
         print(f"spans received: {len(collector.spans)} in {len(traces)} traces")
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, MutableMapping
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ async def _drive(config_path: str, task_id: str, key: str, hits: int) -> None:
 
     statuses: list[int] = []
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
             statuses.append(message["status"])
 
@@ -88,11 +88,11 @@ def main() -> None:
                              else {"exporter": "none"})
         import yaml
 
-        config_path = procs.workdir / "measured.yaml"
-        config_path.write_text(yaml.safe_dump(config))
+        measured = procs.workdir / "measured.yaml"
+        measured.write_text(yaml.safe_dump(config))
         code = args.before.resolve() if args.before else ROOT
-        few = _instructions(code, str(config_path), task_id, DEMO_KEY, args.hits)
-        many = _instructions(code, str(config_path), task_id, DEMO_KEY, 5 * args.hits)
+        few = _instructions(code, str(measured), task_id, DEMO_KEY, args.hits)
+        many = _instructions(code, str(measured), task_id, DEMO_KEY, 5 * args.hits)
         label = f"before ({args.before})" if args.before else f"this code, tracing {args.tracing}"
         print(f"cache hit, {label}: {(many - few) / (4 * args.hits):,.0f} instructions")
 

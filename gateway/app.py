@@ -73,6 +73,7 @@ class Gateway:
         self._runtime: Runtime | None = None
         self.config_hash = ""
         self._config_mtime = self._mtime()
+        self.export_types = openapi.ExportTypesSource()
         self.ops_app = Starlette(routes=self.ops_routes(), lifespan=self.lifespan,
                                  exception_handlers=exception_handlers())
 
@@ -259,7 +260,8 @@ class Gateway:
         return ok({"status": "ready", "routes": len(self.runtime.config.routes)})
 
     async def openapi(self, request: Request) -> Response:
-        return Response(json.dumps(openapi.build(self.runtime.config)), media_type="application/json")
+        types = await self.export_types.get(self.runtime)
+        return Response(json.dumps(openapi.build(self.runtime.config, types)), media_type="application/json")
 
     async def metrics(self, request: Request) -> Response:
         services = self.runtime.services
