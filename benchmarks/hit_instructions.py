@@ -57,7 +57,10 @@ def _instructions(code: Path, config_path: str, task_id: str, key: str, hits: in
         python = code / ".venv" / "bin" / "python" if code != ROOT else Path(sys.executable)
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}", str(python),
                         str(Path(__file__)), "--drive", config_path, task_id, key, str(hits)],
-                       check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(code)))
+                       check=True, capture_output=True,
+                       # callgrind runs the process ~50x slower: a 5 s batch would hold a tenth of the spans a
+                       # real second's traffic puts in one; 60 s keeps batches near their production size
+                       env=dict(os.environ, PYTHONPATH=str(code), OTEL_BSP_SCHEDULE_DELAY="60000"))
         for line in Path(out.name).read_text().splitlines():
             if line.startswith(("summary:", "totals:")):
                 return int(line.split()[1])

@@ -116,8 +116,8 @@ def install(default_service: str, config: TracingConfig, presampled: bool = Fals
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             endpoint = config.endpoint.rstrip("/") + "/v1/traces"
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint),
-                                                           schedule_delay_millis=1000))
+            # batched as OTEL_BSP_SCHEDULE_DELAY and OTEL_BSP_MAX_EXPORT_BATCH_SIZE say (5 s, 512 spans)
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
         trace.set_tracer_provider(provider)
         _providers["installed"] = provider
     return _providers["installed"].get_tracer(default_service)
