@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from backend_stub import lifecycle
+from backend_stub import lifecycle, tracing
 from backend_stub.byte_range import requested_range
 from backend_stub.config import BackendConfig
 from backend_stub.files import ResultFiles
@@ -33,7 +32,6 @@ from exports_common.list_query import PARAMS, check_list_query
 from exports_common.submit_body import FORMATS
 from exports_common.task_ids import is_task_id
 
-_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 STORE_RETRY_AFTER_SEC = 5
 log = logging.getLogger("backend.api")
 
@@ -85,14 +83,13 @@ class BackendApi:
         if not tenant or len(tenant) > 128:
             raise validation_error("X-Tenant-Id", "header must name the tenant (1 to 128 characters)")
         submission = parse_submission(await self._json(request), self.config)
-        traceparent = request.headers.get("traceparent", "")  # sent on to the receiver: only a well-formed one
         now = time.time()
         task = Task(
             task_id=task_id, tenant=tenant, export_type=submission.export_type, filters=submission.filters,
             format=submission.format, timeout_sec=submission.timeout_sec, callback_url=submission.callback_url,
             fingerprint=submission.fingerprint(tenant), created_at=now, updated_at=now,
             callback={"state": "PENDING", "attempts": 0, "last_error": None} if submission.callback_url else None,
-            extra={"traceparent": traceparent} if _TRACEPARENT.fullmatch(traceparent) else {},
+            extra=tracing.extra(request.headers.get("traceparent")),
         )
         stored, created = await self.store.create(task)
         if not created and stored.fingerprint != task.fingerprint:
@@ -131,6 +128,7 @@ class BackendApi:
     async def retry(self, request: Request) -> Response:
         task = await self._visible(request)
         expected, overrides = parse_rerun(await self._json(request), self.config)
+        overrides["extra"] = dict(task.extra, **tracing.extra(request.headers.get("traceparent"), "rerun_traceparent"))
         updated, changed = await self.store.update(task.task_id, lifecycle.rerun(expected, overrides), enqueue=True)
         if updated is None:
             raise ApiError(ErrorKind.TASK_NOT_FOUND)

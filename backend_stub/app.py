@@ -6,8 +6,10 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.routing import Route
 
-from backend_stub import janitor
+from backend_stub import janitor, metrics, tracing
+from backend_stub.admin_api import AdminApi
 from backend_stub.api import BackendApi
 from backend_stub.callbacks import CallbackSender
 from backend_stub.config import BackendConfig
@@ -16,10 +18,12 @@ from backend_stub.http_fault import HttpFault, RequestCounter
 from backend_stub.result_store import open_result_store
 from backend_stub.store import open_store
 from backend_stub.worker import Workers
+from exports_common import otel
 from exports_common.envelope import exception_handlers
 
 
-def create_app(config: BackendConfig) -> HttpFault:
+def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
+    tracing.setup(config.tracing)
     store = open_store(config)
     files = ResultFiles(config.data_dir)
     results = open_result_store(config.result_store, config.data_dir)
@@ -39,8 +43,11 @@ def create_app(config: BackendConfig) -> HttpFault:
             callbacks.cancel()
             await workers.stop()
             await store.close()
+            otel.shutdown()
 
     counter = RequestCounter()
     api = BackendApi(config, store, files, results, counter)
-    app = Starlette(routes=api.routes(), lifespan=lifespan, exception_handlers=exception_handlers())
-    return HttpFault(app, config.http_fault, counter)
+    metrics.seed(config.export_types, config.workers)
+    routes = api.routes() + AdminApi(store).routes() + [Route("/metrics", metrics.endpoint(store), methods=["GET"])]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=exception_handlers())
+    return tracing.TracingMiddleware(HttpFault(app, config.http_fault, counter))

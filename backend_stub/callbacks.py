@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from backend_stub import lifecycle
+from backend_stub import lifecycle, metrics, tracing
 from backend_stub.config import BackendConfig
 from backend_stub.models import Task
 from backend_stub.store import TaskStore
@@ -142,12 +142,15 @@ class CallbackSender:
                 return
             cb = task.callback
             try:
-                error, final = await self._try(task, cb)
+                with tracing.callback_delivery(task, cb["seq"], cb["attempts"] + 1) as trace_headers:
+                    error, final = await self._try(task, cb, trace_headers)
             except Exception as exc:  # noqa: BLE001 - whatever failed, it was one failed try: the schedule moves on
                 error, final = error_text(exc), False
             await self.store.update(task_id, lifecycle.callback_attempted(cb["seq"], error,
                                                                           self.config.retry_delays_sec, final))
             outcome = "delivered" if error is None else ("failed" if final else "will retry")
+            metrics.callback_tried(metrics.callback_outcome(error, final or cb["attempts"] >= len(
+                self.config.retry_delays_sec)), task.finished_at)
             log.info(f"callback {outcome}", extra={"task_id": task_id, "callback_seq": cb["seq"],
                                                     "try": cb["attempts"] + 1, "error": error})
             self._logged.discard(task_id)
@@ -159,7 +162,7 @@ class CallbackSender:
         finally:
             self._in_flight.pop(task_id, None)
 
-    async def _try(self, task: Task, cb: dict[str, Any]) -> tuple[str | None, bool]:
+    async def _try(self, task: Task, cb: dict[str, Any], trace_headers: dict[str, str]) -> tuple[str | None, bool]:
         """(why it failed or None, whether that is final)."""
         url = task.callback_url or ""
         reason = await refusal(url, self.policy, resolve=False)  # names are judged by the pinned resolver
@@ -171,8 +174,7 @@ class CallbackSender:
         body = json.dumps(self.payload(task, cb), separators=(",", ":")).encode()
         headers = {"content-type": "application/json", "user-agent": "export-backend-callbacks/1"}
         headers |= webhooks.sign(secrets, cb["webhook_id"], body)
-        if traceparent := task.extra.get("traceparent"):
-            headers["traceparent"] = traceparent
+        headers |= trace_headers
         assert self._session is not None
         try:
             async with self._session.post(url, data=body, headers=headers, allow_redirects=False,

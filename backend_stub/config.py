@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from backend_stub.datasets import DATASETS
+from exports_common.otel import TracingConfig
 
 
 class Strict(BaseModel):
@@ -131,6 +132,7 @@ class BackendConfig(Strict):
     download_links: DownloadLinkConfig = Field(
         default_factory=lambda: DownloadLinkConfig(secrets=["dev-signing-secret-change-me"]))
     export_types: dict[str, ExportTypeConfig]
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
 
     @model_validator(mode="after")
     def _timeouts(self) -> BackendConfig:

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 
+from backend_stub import metrics
 from backend_stub.result_store import ResultStore, StoreUnavailable, object_key
 from backend_stub.store import TaskStore
 
@@ -26,6 +27,7 @@ async def sweep_once(store: TaskStore, results: ResultStore) -> int:
                 await results.delete(object_key(task_id, task.format))
             await store.delete(task_id)
         removed += len(task_ids)
+        metrics.janitor_deletions.inc(len(task_ids))
         if len(task_ids) < BATCH:
             break
     return removed

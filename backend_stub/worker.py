@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from backend_stub import lifecycle
+from backend_stub import lifecycle, metrics, tracing
 from backend_stub.config import BackendConfig
 from backend_stub.export_job import Cancelled, ExportJob, JobResult, TransientFailure
 from backend_stub.files import ResultFiles
@@ -69,7 +69,12 @@ class Workers:
             if task is not None:
                 traceparent = task.extra.get("traceparent", "")
                 trace_id_var.set(traceparent.split("-")[1] if traceparent.count("-") == 3 else None)
-                await self._run(task, lease, consumer)
+                metrics.workers_busy.inc()
+                try:
+                    with tracing.export_run(task):
+                        await self._run(task, lease, consumer)
+                finally:
+                    metrics.workers_busy.dec()
         finally:
             task_id_var.reset(token)
             trace_id_var.reset(trace_token)
@@ -80,6 +85,8 @@ class Workers:
         if current is None or spec is None:
             await self.store.ack(lease)
             return None
+        if current.status == RUNNING:
+            metrics.lease_reclaims.labels(current.export_type).inc()
         task, changed = await self.store.update(lease.task_id, lifecycle.begin(spec.max_attempts))
         if task is None or not changed or task.status != RUNNING:
             await self.store.ack(lease)
@@ -107,6 +114,9 @@ class Workers:
             remaining = deadline - time.time()
             if remaining <= 0:
                 job.cancel()
+                # the thread stops later with Cancelled, which nobody awaits: retrieve it, or asyncio
+                # logs "Future exception was never retrieved" with a traceback for a normal TIMEOUT
+                future.add_done_callback(lambda done: done.cancelled() or done.exception())
                 await self._end(task, lease, lifecycle.finish(
                     TIMEOUT, attempt=task.attempt, ttl_sec=self.config.task_ttl_sec,
                     error=error_info("TASK_TIMEOUT", f"the export did not finish within {task.timeout_sec} s",
@@ -116,6 +126,7 @@ class Workers:
             if future.done():
                 break
             current, _ = await self.store.update(task.task_id, lifecycle.report(task.attempt, job.progress, job.step))
+            tracing.step(job.step)
             if current is None or current.status != RUNNING or current.attempt != task.attempt:
                 job.cancel()
                 await asyncio.gather(future, return_exceptions=True)
@@ -141,6 +152,7 @@ class Workers:
         except TransientFailure as exc:
             if task.attempt - task.base_attempt + 1 < spec.max_attempts:
                 log.warning("transient failure; re-queued", extra={"attempt": task.attempt, "error": str(exc)})
+                metrics.task_retries.labels(task.export_type).inc()
                 await self.store.update(task.task_id, lifecycle.requeue(task.attempt), enqueue=True, ack=lease)
                 return
             change = lifecycle.finish(FAILED, attempt=task.attempt, ttl_sec=ttl, error=error_info(
@@ -166,6 +178,9 @@ class Workers:
             await self.store.ack(lease)
             if final is None or final.status != COMPLETED:
                 await self._discard(object_key(task.task_id, task.format))
+        elif final is not None:
+            metrics.task_ended(task.export_type, final.status, task.started_at, (final.result or {}).get("rows"))
+            tracing.ended(final.status, (final.result or {}).get("rows"))
         log.info("task ended", extra={"status": final.status if final else None, "attempt": task.attempt})
 
     async def _discard(self, key: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import httpx
 
 from tests.conftest import DEMO_KEY
-from tests.procs import Service, free_port, wait_until
+from tests.procs import ROOT, Service, free_port, wait_until
 
 AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
 
@@ -22,8 +22,8 @@ class Processes:
         self.workdir = workdir
         self.started: list[Service] = []
 
-    def start(self, module: str, config: dict[str, Any], name: str) -> Service:
-        service = Service(module, config, self.workdir, name).start()
+    def start(self, module: str, config: dict[str, Any], name: str, root: Path | None = None) -> Service:
+        service = Service(module, config, self.workdir, name, root=root or ROOT).start()
         self.started.append(service)
         return service
 

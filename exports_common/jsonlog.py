@@ -10,6 +10,8 @@ from typing import Any
 
 task_id_var: ContextVar[str | None] = ContextVar("task_id", default=None)
 trace_id_var: ContextVar[str | None] = ContextVar("trace_id", default=None)
+request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
+_VARS = {"trace_id": trace_id_var, "task_id": task_id_var, "request_id": request_id_var}
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "color_message"}
 
@@ -22,8 +24,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key in ("trace_id", "task_id"):
-            value = record.__dict__.get(key) or (trace_id_var if key == "trace_id" else task_id_var).get()
+        for key, var in _VARS.items():
+            value = record.__dict__.get(key) or var.get()
             if value:
                 out[key] = value
         out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD and k not in out})

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import hmac
 import json
 import logging
@@ -20,19 +21,21 @@ from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from exports_common import otel
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.envelope import exception_handlers, ok
 from exports_common.errors import ApiError, ErrorKind, unavailable
-from exports_common.jsonlog import task_id_var, trace_id_var
+from exports_common.jsonlog import request_id_var, task_id_var, trace_id_var
 from exports_common.signing import DownloadSigner
-from gateway import openapi, telemetry
+from gateway import access_log, openapi, telemetry
+from gateway.admin_recovery import AdminRecovery
 from gateway.breakers import STATES, Breakers
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RouteConfig, plugin_of
 from gateway.context import RequestContext
 from gateway.outbox_drainer import OutboxDrainer
 from gateway.response import GatewayResponse
@@ -43,6 +46,8 @@ from gateway.upstream import AiohttpUpstream, UpstreamError
 
 log = logging.getLogger("gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# nginx's status for a request whose client closed the connection first: counted, never sent
+CLIENT_CLOSED = 499
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 
 
@@ -66,6 +71,7 @@ class Gateway:
         self.initial_config = config
         self.config_path = config_path
         self._runtime: Runtime | None = None
+        self.config_hash = ""
         self._config_mtime = self._mtime()
         self.export_types = openapi.ExportTypesSource()
         self.ops_app = Starlette(routes=self.ops_routes(), lifespan=self.lifespan,
@@ -88,7 +94,7 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         config = self.initial_config
-        metrics, tracing = telemetry.setup("gateway", config.tracing.exporter, config.tracing.sample_ratio)
+        metrics, tracing = telemetry.setup("gateway", config.tracing)
         redis = aioredis.Redis.from_url(config.redis_url) if config.redis_url else None
         pool = max(u.pool_size for u in config.upstreams.values())
         services = Services(
@@ -96,9 +102,8 @@ class Gateway:
             signer=DownloadSigner(config.download_signing.secrets), upstreams=upstreams_of(config, metrics),
             state=open_state(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
         )
-        metrics.observe_gauge("gateway_breaker_state", "0 closed, 1 half-open, 2 open", lambda: [
-            (STATES.get(b.state, 2), {"upstream": name}) for name, b in services.breakers.by_upstream.items()])
-        self._runtime = build_runtime(config, services)
+        self._observe(services)
+        self._apply(build_runtime(config, services))
         watcher = asyncio.create_task(self._watch_config())
         drainer = asyncio.create_task(OutboxDrainer(lambda: self.runtime.services).run())
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -109,6 +114,7 @@ class Gateway:
             watcher.cancel()
             drainer.cancel()
             await services.client.close()
+            otel.shutdown()
             if redis is not None:
                 await redis.aclose()
 
@@ -128,10 +134,30 @@ class Gateway:
             config = load_model(self.config_path, GatewayConfig)
         except ConfigError as exc:
             log.error("config reload refused; the config in force keeps serving", extra={"problems": exc.problems})
+            self.runtime.services.metrics.config_reloads.add("refused")
             return exc.problems
-        self._runtime = build_runtime(config, self.runtime.services)
-        log.info("config reloaded", extra={"routes": len(config.routes)})
+        self._apply(build_runtime(config, self.runtime.services))
+        self.runtime.services.metrics.config_reloads.add("applied")
+        log.info("config reloaded", extra={"routes": len(config.routes), "config_hash": self.config_hash})
         return []
+
+    def _apply(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self.config_hash = hashlib.sha256(runtime.config.model_dump_json().encode()).hexdigest()[:16]
+        runtime.services.metrics.seed([(r.name, r.upstream, _retry_reasons(r)) for r in runtime.config.routes])
+
+    def _observe(self, services: Services) -> None:
+        """The gauges read at scrape time (the outbox's size is refreshed by the /metrics handler)."""
+        metrics = services.metrics
+        metrics.observe_gauge("gateway_breaker_state", "0 closed, 1 half-open, 2 open", lambda: [
+            (STATES.get(b.state, 2), {"upstream": name}) for name, b in services.breakers.by_upstream.items()])
+        metrics.observe_gauge("gateway_retries_in_flight", "retries in flight, by upstream (the budget caps them)",
+                              lambda: [(b.retries_in_flight, {"upstream": name})
+                                       for name, b in services.retry_budgets.by_upstream.items()])
+        metrics.observe_gauge("gateway_outbox_depth", "submissions waiting in the outbox for their upstream",
+                              lambda: [(metrics.async_values.get("outbox_depth", 0.0), {})])
+        metrics.observe_gauge("gateway_config_info", "the config in force: its hash (1 while it serves)",
+                              lambda: [(1.0, {"hash": self.config_hash})])
 
     # -- the public path -------------------------------------------------------------------------
 
@@ -172,16 +198,20 @@ class Gateway:
         )
         services = runtime.services
         started = time.perf_counter()
+        request_id_var.set(ctx.request_id)
         with services.tracing.server(f"{method} {route.path}", request.headers,
-                                     {"http.route": route.path, "gateway.route": route.name}) as request_trace:
+                                     {"http.route": route.path, "gateway.route": route.name},
+                                     request.scope.get("client")) as request_trace:
             trace_id_var.set(request_trace.trace_id)
             resp = await self._run_chain(runtime, ctx)
             request_trace.span.set_attribute("http.response.status_code", resp.status)
         for name, value in ctx.response_headers.items():
             resp.set_header(name, value)
         resp.set_header("x-request-id", ctx.request_id)
-        services.metrics.requests.add(route.name, str(resp.status))
-        services.metrics.duration.record(time.perf_counter() - started, route.name)
+        elapsed = time.perf_counter() - started
+        services.metrics.requests.record(elapsed, route.name, method, route.path, str(resp.status))
+        if runtime.config.access_log:
+            access_log.write(ctx, resp, elapsed, request_trace.trace_id)
         return resp
 
     async def _run_chain(self, runtime: Runtime, ctx: RequestContext) -> GatewayResponse:
@@ -194,7 +224,10 @@ class Gateway:
             if exc.kind != "circuit_open":  # an open breaker is logged when it opens, not for every refusal
                 log.warning("upstream failed", extra={"route": ctx.route_name, "error": str(exc)})
             return upstream_error(exc)
-        except Exception:
+        except Exception as exc:
+            if _client_went_away(exc):
+                log.info("the client went away before its request was read", extra={"route": ctx.route_name})
+                return GatewayResponse(CLIENT_CLOSED)
             log.exception("request failed inside the gateway", extra={"route": ctx.route_name})
             return GatewayResponse.error(ApiError(ErrorKind.INTERNAL))
         finally:
@@ -232,7 +265,10 @@ class Gateway:
         return Response(json.dumps(openapi.build(self.runtime.config, types)), media_type="application/json")
 
     async def metrics(self, request: Request) -> Response:
-        body, content_type = telemetry.prometheus_text()
+        services = self.runtime.services
+        with contextlib.suppress(Exception):  # a store that does not answer leaves the last depth read
+            services.metrics.async_values["outbox_depth"] = float(await services.outbox.size())
+        body, content_type = telemetry.prometheus_text(services.metrics)
         return Response(body, media_type=content_type)
 
     async def admin_routes(self, request: Request) -> Response:
@@ -280,7 +316,28 @@ class Gateway:
             Route("/admin/breakers", self.admin_breakers, methods=["GET"]),
             Route("/admin/stats", self.admin_stats, methods=["GET"]),
             Route("/admin/reload", self.admin_reload, methods=["POST"]),
+            *AdminRecovery(lambda: self.runtime.services, self._require_admin, self._recovery_upstream).routes(),
         ]
+
+    def _recovery_upstream(self) -> str:
+        """The export backend: the upstream named `exports`, else the first."""
+        upstreams = self.runtime.config.upstreams
+        return "exports" if "exports" in upstreams else next(iter(upstreams))
+
+
+def _client_went_away(exc: BaseException | None) -> bool:
+    """Whether the client's disconnect is what stopped the request (perhaps wrapped by the upstream client)."""
+    seen = 0
+    while exc is not None and seen < 5:
+        if isinstance(exc, ClientDisconnect):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _retry_reasons(route: RouteConfig) -> list[str]:
+    return [str(reason) for entry in route.plugins for name, settings in [plugin_of(entry)] if name == "retry"
+            for reason in getattr(settings, "retry_on", [])]
 
 
 def _is_ops_path(path: str) -> bool:

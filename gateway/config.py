@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from exports_common.otel import TracingConfig
 from gateway.plugins import PLUGINS
 
 HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
@@ -151,11 +152,6 @@ class SigningConfig(Strict):
         return value
 
 
-class TracingConfig(Strict):
-    exporter: Literal["none", "console"] = Field("none", description="none: ids propagate, nothing is recorded")
-    sample_ratio: float = Field(1.0, ge=0.0, le=1.0, description="share of new traces recorded")
-
-
 class GatewayConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -170,6 +166,7 @@ class GatewayConfig(Strict):
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     upstreams: dict[str, UpstreamConfig]
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    access_log: bool = Field(False, description="one JSON line per request (logger gateway.access)")
     routes: list[RouteConfig]
 
     @model_validator(mode="after")

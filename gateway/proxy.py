@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from opentelemetry import trace
 
@@ -136,6 +136,16 @@ class Proxy:
         pool.connected(endpoint)
         return resp
 
+    def _span_attributes(self, ctx: RequestContext, url: str) -> dict[str, Any]:
+        """What an SRE reads on an upstream try's span: which try, the breaker, why the last one was retried."""
+        breaker = self.services.breakers.by_upstream.get(self.upstream.name)
+        attributes: dict[str, Any] = {"http.request.method": ctx.method, "url.full": url,
+                                      "http.request.resend_count": ctx.attempt - 1, "gateway.attempt": ctx.attempt,
+                                      "gateway.breaker.state": breaker.state if breaker else "none"}
+        if (reason := ctx.notes.get("retry_reason")) is not None:
+            attributes["gateway.retry.reason"] = str(reason)
+        return attributes
+
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         query = ctx.request.scope["query_string"].decode("latin-1") if ctx.query is None else ctx.query
         endpoint = self.upstream.pool.pick()
@@ -143,14 +153,15 @@ class Proxy:
         body = self._body(ctx)
         started = time.perf_counter()
         with self.services.tracing.client(f"upstream {self.upstream.name}",
-                                          {"http.request.method": ctx.method, "url.full": url}) as span:
+                                          lambda: self._span_attributes(ctx, url)) as span:
             try:
                 resp = await self._send_to(ctx, endpoint, url, body)
             except Exception as exc:
                 if isinstance(body, LimitedBody) and body.exceeded:
                     raise too_large(self.max_body_bytes) from exc
                 span.set_status(trace.StatusCode.ERROR, str(exc))
-                self.services.metrics.upstream_calls.add(self.upstream.name, ctx.route_name, type(exc).__name__)
+                outcome = exc.kind if isinstance(exc, UpstreamError) else type(exc).__name__
+                self.services.metrics.upstream_calls.add(self.upstream.name, ctx.route_name, outcome)
                 raise
             finally:
                 self.services.metrics.upstream_duration.record(time.perf_counter() - started,

@@ -1,75 +1,62 @@
-"""OpenTelemetry for the gateway: metrics exported in Prometheus text, spans with W3C propagation.
+"""The gateway's metrics (Prometheus text through prometheus_client) and traces (OpenTelemetry, W3C propagation).
 
-Counters on the request path are plain in-process tallies that OpenTelemetry
-reads at scrape time (observable counters): an SDK `Counter.add` costs ~17 us
-with attributes, a dict increment well under one. Latency histograms are counted
-the same way and handed to prometheus_client directly (`LatencyHistogram`).
-Instruments are all created here, so the metric names an SRE sees are listed in
-one place.
+Metrics are counted in process by plain tallies and histograms and handed to
+prometheus_client by one collector at scrape time: a `Counter.labels().inc()`
+costs a lock and a dict lookup per call, a tally well under a microsecond on the
+cache-hit path. Every metric an SRE sees is declared in `Metrics`, and `seed`
+gives each known label combination a zero before its first event, so a rate()
+or an alert has a series from the first scrape.
+
+OpenTelemetry is for traces only; `gateway.tracing` sets it up.
 """
 from __future__ import annotations
 
 import bisect
-import contextlib
 import itertools
-import random
 from collections import Counter, defaultdict
-from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping
+from typing import Callable, Iterable, Iterator
 
-from opentelemetry import context, metrics, propagate, trace
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
-from opentelemetry.sdk.trace.sampling import (
-    ALWAYS_OFF,
-    ParentBased,
-    Sampler,
-    TraceIdRatioBased,
-)
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-_installed = False
+from exports_common.otel import TracingConfig
+from gateway.tracing import ServerTrace, Tracing, inject, setup_tracing
+
+__all__ = ["Metrics", "ServerTrace", "Tracing", "inject", "prometheus_text", "setup"]
+
+BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_BOUND_LABELS = [str(b) for b in BOUNDS] + ["+Inf"]
 
 
 class Tally:
-    """A monotonic counter keyed by label values, observed by OpenTelemetry at collection time."""
+    """A monotonic counter keyed by label values."""
 
-    def __init__(self, meter: metrics.Meter, name: str, labels: tuple[str, ...], description: str) -> None:
+    def __init__(self, name: str, labels: tuple[str, ...], description: str) -> None:
+        self.name = name
         self.labels = labels
+        self.description = description
         self.counts: Counter[tuple[str, ...]] = Counter()
-        meter.create_observable_counter(name, callbacks=[self._observe], description=description)
 
     def add(self, *values: str, amount: int = 1) -> None:
         self.counts[values] += amount
+
+    def seed(self, *values: str) -> None:
+        self.counts[values] += 0
 
     def total(self, **match: str) -> int:
         idx = {label: i for i, label in enumerate(self.labels)}
         return sum(n for key, n in self.counts.items() if all(key[idx[k]] == v for k, v in match.items()))
 
-    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
+    def families(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.description, labels=self.labels)
         for key, count in list(self.counts.items()):
-            yield Observation(count, dict(zip(self.labels, key, strict=False)))
+            family.add_metric(list(key), count)
+        yield family
 
 
 class LatencyHistogram:
-    """Latency in Prometheus histogram buckets, counted in process and exported at scrape time.
-
-    An SDK histogram `record` costs 10-17 us (a tenth of a cache hit), and its
-    default buckets are for milliseconds. Buckets are counted here (a bisect and an
-    increment) and handed to prometheus_client as a real histogram
-    (`<name>_bucket{le=...}`, `<name>_sum`, `<name>_count`), which is what
-    `histogram_quantile()` needs: OpenTelemetry's exporter would rename observable
-    counters standing in for them (`<name>_bucket_seconds_total`).
-    """
-
-    BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+    """Seconds in Prometheus histogram buckets: a bisect and an increment per observation."""
 
     def __init__(self, name: str, labels: tuple[str, ...], description: str) -> None:
         self.name = name
@@ -77,153 +64,147 @@ class LatencyHistogram:
         self.description = description
         self.counts: dict[tuple[str, ...], list[int]] = {}
         self.sums: defaultdict[tuple[str, ...], float] = defaultdict(float)
-        _HISTOGRAMS[name] = self  # the newest with a name is the one exported
 
     def record(self, seconds: float, *values: str) -> None:
         counts = self.counts.get(values)
         if counts is None:
-            counts = self.counts[values] = [0] * (len(self.BOUNDS) + 1)
-        counts[bisect.bisect_left(self.BOUNDS, seconds)] += 1
+            counts = self.counts[values] = [0] * (len(BOUNDS) + 1)
+        counts[bisect.bisect_left(BOUNDS, seconds)] += 1
         self.sums[values] += seconds
 
-    def family(self) -> HistogramMetricFamily:
-        family = HistogramMetricFamily(self.name, self.description, labels=self.labels)
-        bounds = [str(b) for b in self.BOUNDS] + ["+Inf"]
-        for values, counts in list(self.counts.items()):
-            cumulative = zip(bounds, itertools.accumulate(counts), strict=True)
-            family.add_metric(list(values), list(cumulative), self.sums[values])
-        return family
+    def families(self) -> Iterator[Metric]:
+        yield _histogram(self.name, self.description, self.labels,
+                         ((list(k), c, self.sums[k]) for k, c in list(self.counts.items())))
 
 
-_HISTOGRAMS: dict[str, LatencyHistogram] = {}
+def _histogram(name: str, description: str, labels: Iterable[str],
+               series: Iterable[tuple[list[str], list[int], float]]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, description, labels=list(labels))
+    for values, counts, total in series:
+        family.add_metric(values, list(zip(_BOUND_LABELS, itertools.accumulate(counts), strict=True)), total)
+    return family
 
 
-class _HistogramCollector(Collector):
-    def collect(self) -> Iterator[HistogramMetricFamily]:
-        for histogram in list(_HISTOGRAMS.values()):
-            yield histogram.family()
+class RequestStats:
+    """Every answered request, recorded once and exported three ways.
 
-
-class Metrics:
-    def __init__(self, meter: metrics.Meter) -> None:
-        self.meter = meter
-        self.requests = Tally(meter, "gateway_requests", ("route", "status"), "client requests by route and status")
-        self.duration = LatencyHistogram("gateway_request_duration_seconds", ("route",), "time to answer, by route")
-        self.upstream_calls = Tally(meter, "gateway_upstream_calls", ("upstream", "route", "outcome"),
-                                    "calls made to upstreams, by outcome (status or error)")
-        self.upstream_duration = LatencyHistogram("gateway_upstream_duration_seconds", ("upstream", "route"),
-                                                  "time to an upstream's answer (headers), by upstream and route")
-        self.cache = Tally(meter, "gateway_status_cache", ("route", "result"), "status cache lookups by result")
-        self.idempotency = Tally(meter, "gateway_idempotency", ("route", "result"), "idempotency-key outcomes")
-        self.retries = Tally(meter, "gateway_retries", ("upstream", "route", "reason"), "retry tries, by cause")
-        self.retry_budget_exhausted = Tally(meter, "gateway_retry_budget_exhausted", ("upstream", "route"),
-                                            "retries not made because the budget was used up")
-        self.ejections = Tally(meter, "gateway_upstream_ejections", ("upstream", "endpoint"),
-                               "endpoints left out for a while after repeated connect failures")
-        self.breaker_transitions = Tally(meter, "gateway_breaker_transitions", ("upstream", "state"),
-                                         "circuit breaker state changes, by new state")
-        self.degraded = Tally(meter, "gateway_degraded_answers", ("route", "kind"),
-                              "answers from degradation: stale status, outbox, reject, unavailable")
-        self.outbox = Tally(meter, "gateway_outbox", ("outcome",), "outboxed submissions delivered or refused")
-        self.reruns = Tally(meter, "gateway_reruns", ("route", "outcome"), "TIMEOUT/FAILED re-runs asked for")
-
-
-    def observe_gauge(self, name: str, description: str,
-                      read: Callable[[], Iterable[tuple[float, dict[str, str]]]]) -> None:
-        self.meter.create_observable_gauge(name, description=description, callbacks=[
-            lambda options: [Observation(value, attrs) for value, attrs in read()]])
-
-
-@dataclass(frozen=True)
-class ServerTrace:
-    trace_id: str  # 32 hex digits, for the logs
-    span: trace.Span  # INVALID_SPAN when nothing records: setting attributes on it does nothing
-
-
-# a request with no exporter and no traceparent: its fresh (trace id, span id), made into a
-# traceparent only when a call leaves the gateway
-_fresh_ids: ContextVar[tuple[int, int] | None] = ContextVar("fresh_trace_ids", default=None)
-
-
-def inject(carrier: dict[str, str]) -> None:
-    """W3C trace headers for a call out of the gateway, whichever way the request is traced."""
-    propagate.inject(carrier)
-    if "traceparent" not in carrier and (ids := _fresh_ids.get()) is not None:
-        carrier["traceparent"] = f"00-{ids[0]:032x}-{ids[1]:016x}-00"
-
-
-class Tracing:
-    """Spans when there is somewhere to send them; W3C trace ids propagate either way.
-
-    With no exporter, even unsampled SDK spans, or just an OpenTelemetry context
-    attached per request, cost microseconds a request for nothing: then the
-    client's `traceparent` is carried as it came, and a request without one gets
-    a fresh trace id that becomes a `traceparent` only if a call goes upstream
-    (`inject`). A cache hit never builds one.
+    One histogram keyed by (route, method, route path, status) gives the request
+    count by route and status, the latency by route (the gateway's own names), and
+    OpenTelemetry's `http.server.request.duration` by method, route and status.
     """
 
-    def __init__(self, tracer: trace.Tracer, recording: bool) -> None:
-        self.tracer = tracer
-        self.recording = recording
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str, str, str], list[int]] = {}
+        self.sums: defaultdict[tuple[str, str, str, str], float] = defaultdict(float)
 
-    @staticmethod
-    def _client_context(headers: Mapping[str, str]) -> context.Context | None:
-        if "traceparent" not in headers:
-            return None
-        parent = propagate.extract(headers)
-        return parent if trace.get_current_span(parent).get_span_context().is_valid else None
+    def record(self, seconds: float, route: str, method: str, path: str, status: str) -> None:
+        key = (route, method, path, status)
+        counts = self.counts.get(key)
+        if counts is None:
+            counts = self.counts[key] = [0] * (len(BOUNDS) + 1)
+        counts[bisect.bisect_left(BOUNDS, seconds)] += 1
+        self.sums[key] += seconds
 
-    @contextlib.contextmanager
-    def server(self, name: str, headers: Mapping[str, str], attributes: dict[str, Any]) -> Iterator[ServerTrace]:
-        parent = self._client_context(headers)
-        if self.recording:
-            with self.tracer.start_as_current_span(name, context=parent, kind=trace.SpanKind.SERVER,
-                                                   attributes=attributes) as span:
-                yield ServerTrace(trace.format_trace_id(span.get_span_context().trace_id), span)
-            return
-        if parent is not None:
-            token = context.attach(parent)
-            try:
-                trace_id = trace.get_current_span(parent).get_span_context().trace_id
-                yield ServerTrace(trace.format_trace_id(trace_id), trace.INVALID_SPAN)
-            finally:
-                context.detach(token)
-            return
-        ids = (random.getrandbits(128) or 1, random.getrandbits(64) or 1)
-        fresh = _fresh_ids.set(ids)
-        try:
-            yield ServerTrace(f"{ids[0]:032x}", trace.INVALID_SPAN)
-        finally:
-            _fresh_ids.reset(fresh)
+    def total(self, **match: str) -> int:
+        idx = {"route": 0, "method": 1, "path": 2, "status": 3}
+        return sum(sum(c) for k, c in self.counts.items() if all(k[idx[n]] == v for n, v in match.items()))
 
-    @contextlib.contextmanager
-    def client(self, name: str, attributes: dict[str, Any]) -> Iterator[trace.Span]:
-        if not self.recording:
-            yield trace.get_current_span()
-            return
-        with self.tracer.start_as_current_span(name, kind=trace.SpanKind.CLIENT, attributes=attributes) as span:
-            yield span
+    def families(self) -> Iterator[Metric]:
+        snapshot = [(k, list(c), self.sums[k]) for k, c in list(self.counts.items())]
+        requests = CounterMetricFamily("gateway_requests", "client requests by route and status",
+                                       labels=("route", "status"))
+        by_route: dict[str, tuple[list[int], float]] = {}
+        for (route, _, _, status), counts, total in snapshot:
+            requests.add_metric([route, status], sum(counts))
+            merged, seconds = by_route.get(route, ([0] * len(counts), 0.0))
+            by_route[route] = ([a + b for a, b in zip(merged, counts, strict=True)], seconds + total)
+        yield requests
+        yield _histogram("gateway_request_duration_seconds", "time to answer, by route", ("route",),
+                         (([route], c, s) for route, (c, s) in by_route.items()))
+        yield _histogram("http_server_request_duration_seconds",
+                         "OpenTelemetry http.server.request.duration: time to answer, by method, route and status",
+                         ("http_request_method", "http_route", "http_response_status_code"),
+                         (([m, p, st], c, s) for (_, m, p, st), c, s in snapshot))
 
 
-def _sampler(exporter: str, ratio: float) -> Sampler:
-    return ALWAYS_OFF if exporter == "none" else ParentBased(TraceIdRatioBased(ratio))
+Gauge = Callable[[], Iterable[tuple[float, dict[str, str]]]]
 
 
-def setup(service_name: str, exporter: Literal["none", "console"], sample_ratio: float = 1.0,
-          ) -> tuple[Metrics, Tracing]:
-    """Install the providers once per process (OpenTelemetry allows setting them only once)."""
-    global _installed  # noqa: PLW0603 - OpenTelemetry's providers are process-wide and set once
-    if not _installed:
-        resource = Resource.create({"service.name": service_name})
-        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[PrometheusMetricReader()]))
-        provider = TracerProvider(resource=resource, sampler=_sampler(exporter, sample_ratio))
-        if exporter == "console":
-            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
-        trace.set_tracer_provider(provider)
-        REGISTRY.register(_HistogramCollector())
-        _installed = True
-    return Metrics(metrics.get_meter("gateway")), Tracing(trace.get_tracer("gateway"), exporter != "none")
+class Metrics(Collector):
+    def __init__(self) -> None:
+        self.requests = RequestStats()
+        self.upstream_calls = Tally("gateway_upstream_calls", ("upstream", "route", "outcome"),
+                                    "calls made to upstreams, by outcome: a status, or connect_error, timeout, reset")
+        self.upstream_duration = LatencyHistogram("gateway_upstream_duration_seconds", ("upstream", "route"),
+                                                  "time to an upstream's answer (headers), by upstream and route")
+        self.cache = Tally("gateway_status_cache", ("route", "result"), "status cache lookups: hit, miss, coalesced")
+        self.idempotency = Tally("gateway_idempotency", ("route", "result"), "idempotency-key outcomes")
+        self.retries = Tally("gateway_retries", ("upstream", "route", "reason"), "retry tries, by cause")
+        self.retry_success = Tally("gateway_retry_success", ("upstream", "route"),
+                                   "requests retried at least once whose last try was not worth retrying")
+        self.ejections = Tally("gateway_upstream_ejections", ("upstream", "endpoint"),
+                               "endpoints left out for a while after repeated connect failures")
+        self.retry_budget_exhausted = Tally("gateway_retry_budget_exhausted", ("upstream", "route"),
+                                            "retries not made because the budget was used up")
+        self.breaker_transitions = Tally("gateway_breaker_transitions", ("upstream", "state"),
+                                         "circuit breaker state changes, by new state")
+        self.degraded = Tally("gateway_degraded_answers", ("route", "kind"),
+                              "answers from degradation: stale, unavailable, outbox, outbox_pending, reject")
+        self.outbox = Tally("gateway_outbox", ("outcome",), "outboxed submissions delivered or refused")
+        self.reruns = Tally("gateway_reruns", ("route", "outcome"), "TIMEOUT/FAILED re-runs asked for")
+        self.config_reloads = Tally("gateway_config_reloads", ("outcome",), "config reloads: applied or refused")
+        self.operator_actions = Tally("gateway_operator_actions", ("action", "outcome"),
+                                      "operator recovery actions through the admin API")
+        self._gauges: list[tuple[str, str, Gauge]] = []
+        # values read by awaiting something (the outbox size in Redis): refreshed before each scrape
+        self.async_values: dict[str, float] = {}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def _tallies(self) -> list[Tally]:
+        return [v for v in vars(self).values() if isinstance(v, Tally)]
+
+    def observe_gauge(self, name: str, description: str, read: Gauge) -> None:
+        self._gauges.append((name, description, read))
+
+    def seed(self, routes: Iterable[tuple[str, str, Iterable[str]]]) -> None:
+        """Zero for each route's (upstream, outcome) and (route, retry reason) an alert or a dashboard reads."""
+        for route, upstream, reasons in routes:
+            for outcome in ("connect_error", "timeout", "reset"):
+                self.upstream_calls.seed(upstream, route, outcome)
+            for reason in reasons:
+                self.retries.seed(upstream, route, reason)
+            self.retry_success.seed(upstream, route)
+            self.retry_budget_exhausted.seed(upstream, route)
+            for result in ("hit", "miss", "coalesced"):
+                self.cache.seed(route, result)
+            for kind in ("stale", "unavailable", "outbox", "outbox_pending", "reject"):
+                self.degraded.seed(route, kind)
+            for state in ("open", "half-open", "closed"):
+                self.breaker_transitions.seed(upstream, state)
+        for outcome in ("delivered", "refused"):
+            self.outbox.seed(outcome)
+        for outcome in ("applied", "refused"):
+            self.config_reloads.seed(outcome)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.requests.families()
+        yield from self.upstream_duration.families()
+        for tally in self._tallies():
+            yield from tally.families()
+        for name, description, read in self._gauges:
+            values = list(read())
+            labels = sorted({k for _, attrs in values for k in attrs})
+            family = GaugeMetricFamily(name, description, labels=labels)
+            for value, attrs in values:
+                family.add_metric([attrs.get(k, "") for k in labels], value)
+            yield family
 
 
-def prometheus_text() -> tuple[bytes, str]:
-    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+def setup(service_name: str, tracing: TracingConfig) -> tuple[Metrics, Tracing]:
+    """The process's metrics and its tracer (OpenTelemetry's provider is installed once per process)."""
+    return Metrics(), setup_tracing(service_name, tracing)
+
+
+def prometheus_text(metrics: Metrics) -> tuple[bytes, str]:
+    return generate_latest(metrics.registry), CONTENT_TYPE_LATEST

@@ -56,8 +56,11 @@ class Service:
     """One server process; `url` once it answers on /healthz."""
 
     def __init__(self, module: str, config: dict[str, Any], workdir: Path, name: str,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, root: Path = ROOT) -> None:
         self.module = module
+        # another checkout (a benchmark's "before"): its own code, run by its own virtualenv
+        self.root = root
+        self.python = str(root / ".venv" / "bin" / "python") if root != ROOT else sys.executable
         self.config = config
         self.workdir = workdir
         self.name = name
@@ -76,8 +79,8 @@ class Service:
         self.write_config()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module, "run", "--config", str(self.config_path)],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            [self.python, "-m", self.module, "run", "--config", str(self.config_path)],
+            cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()
         wait_until(self._healthy, timeout, what=f"{self.name} to answer on {self.url}/healthz")

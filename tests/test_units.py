@@ -9,6 +9,7 @@ import pytest
 
 from exports_common import webhooks
 from exports_common.netpolicy import AddressPolicy, refusal
+from exports_common.otel import TracingConfig
 from exports_common.signing import DownloadSigner
 from exports_common.task_ids import is_task_id, new_task_id
 from gateway import telemetry
@@ -111,7 +112,7 @@ async def _cancelled(task: asyncio.Task[GatewayResponse]) -> None:
 
 
 async def test_a_cancelled_request_is_no_failure_and_a_trial_runs_to_its_end_to_decide() -> None:
-    metrics, _ = telemetry.setup("test", "none")
+    metrics, _ = telemetry.setup("test", TracingConfig())
     breaker = Breaker("u", fail_max=1, reset_timeout=0.05, metrics=metrics)
     loop = asyncio.get_running_loop()
 

@@ -62,6 +62,9 @@ class TaskStore(Protocol):
 
     async def delete(self, task_id: str) -> None: ...
 
+    async def task_counts(self) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
+        """({(tenant, status): tasks}, {tenant: created_at of its oldest PENDING task}), for the metrics."""
+
     async def ping(self) -> bool: ...
 
 

@@ -12,7 +12,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError, WatchError
 
-from backend_stub.models import Task
+from backend_stub.models import PENDING, Task
 from backend_stub.store.base import (
     Change,
     Lease,
@@ -175,6 +175,23 @@ class RedisTaskStore:
             if task is not None:
                 pipe.zrem(self._tenant_key(task.tenant), task_id)
             await pipe.execute()
+
+    async def task_counts(self) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
+        """Read from the tenant indexes and the records: a scrape's cost grows with the tasks kept."""
+        counts: dict[tuple[str, str], int] = {}
+        oldest: dict[str, float] = {}
+        async for key in self.redis.scan_iter(match=self._tenant_key("*"), count=500):
+            tenant = key[len(self._tenant_key("")):]
+            ids = await self.redis.zrange(key, 0, -1)
+            for start in range(0, len(ids), 500):
+                for raw in await self.redis.mget([self._task_key(str(t)) for t in ids[start:start + 500]]):
+                    if raw is None:
+                        continue
+                    task = Task.from_json(raw)
+                    counts[(tenant, task.status)] = counts.get((tenant, task.status), 0) + 1
+                    if task.status == PENDING:
+                        oldest[tenant] = min(oldest.get(tenant, task.created_at), task.created_at)
+        return counts, oldest
 
     async def ping(self) -> bool:
         return bool(await self.redis.ping())

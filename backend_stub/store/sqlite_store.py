@@ -12,7 +12,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from backend_stub.models import TERMINAL, Task
+from backend_stub.models import PENDING, TERMINAL, Task
 from backend_stub.store.base import (
     Change,
     Lease,
@@ -188,6 +188,16 @@ class SqliteTaskStore:
         with self.db:
             self.db.execute("DELETE FROM tasks WHERE task_id = ?", (task_id,))
             self.db.execute("DELETE FROM queue WHERE task_id = ?", (task_id,))
+
+    async def task_counts(self) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
+        rows = self.db.execute("SELECT tenant, status, count(*), min(created_at) FROM tasks GROUP BY tenant, status")
+        counts: dict[tuple[str, str], int] = {}
+        oldest: dict[str, float] = {}
+        for tenant, status, n, created in rows.fetchall():
+            counts[(tenant, status)] = n
+            if status == PENDING:
+                oldest[tenant] = created
+        return counts, oldest
 
     async def ping(self) -> bool:
         self.db.execute("SELECT 1").fetchone()

@@ -110,11 +110,14 @@ class Retry:
             if isinstance(result, GatewayResponse):
                 result.close()
             self.services.metrics.retries.add(ctx.upstream, self.route, str(reason))
+            ctx.notes["retry_reason"] = reason
             attempt += 1
             try:
                 result, reason, hint = await self._try(ctx, attempt)
             finally:
                 budget.release()
+        if attempt > 1 and reason is None:
+            self.services.metrics.retry_success.add(ctx.upstream, self.route)
         if isinstance(result, UpstreamError):
             try:
                 raise result

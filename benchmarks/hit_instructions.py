@@ -1,0 +1,104 @@
+"""CPU instructions a cache hit costs the gateway, counted by callgrind: independent of the machine's load.
+
+The gateway's ASGI app is driven in process (no sockets, no server) for N cache
+hits of one COMPLETED task held by a real backend process; the process runs
+twice under `valgrind --tool=callgrind`, with N and 5N hits, and the difference
+divided by 4N is one hit. `--tracing otlp` exports to a local receiver at the
+default ratio; `--before DIR` runs an earlier checkout's gateway the same way.
+
+Run: python -m benchmarks.hit_instructions [--hits 400] [--tracing off|otlp] [--before DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, MutableMapping
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def _drive(config_path: str, task_id: str, key: str, hits: int) -> None:
+    from exports_common.config_loader import load_model
+    from gateway.app import create_app
+    from gateway.config import GatewayConfig
+
+    gateway = create_app(load_model(config_path, GatewayConfig), config_path)
+    path = f"/api/v1/exports/{task_id}"
+    scope: dict[str, Any] = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"host", b"gw"), (b"authorization", f"Bearer {key}".encode())],
+        "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8080),
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    statuses: list[int] = []
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    async with gateway.lifespan(gateway.ops_app):
+        await gateway(dict(scope), receive, send)  # the miss that fills the cache
+        for _ in range(hits):
+            await gateway(dict(scope), receive, send)
+    assert set(statuses) == {200}, set(statuses)
+
+
+def _instructions(code: Path, config_path: str, task_id: str, key: str, hits: int) -> int:
+    with tempfile.NamedTemporaryFile(suffix=".callgrind") as out:
+        python = code / ".venv" / "bin" / "python" if code != ROOT else Path(sys.executable)
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}", str(python),
+                        str(Path(__file__)), "--drive", config_path, task_id, key, str(hits)],
+                       check=True, capture_output=True,
+                       # callgrind runs the process ~50x slower: a 5 s batch would hold a tenth of the spans a
+                       # real second's traffic puts in one; 60 s keeps batches near their production size
+                       env=dict(os.environ, PYTHONPATH=str(code), OTEL_BSP_SCHEDULE_DELAY="60000"))
+        for line in Path(out.name).read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError("callgrind wrote no totals")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--drive"]:
+        config_path, task_id, key, hits = sys.argv[2:6]
+        asyncio.run(_drive(config_path, task_id, key, int(hits)))
+        return
+    from benchmarks.harness import AUTH, processes, submit_and_wait
+    from tests.conftest import DEMO_KEY, backend_config, gateway_config
+    from tests.otlp_receiver import OtlpReceiver
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hits", type=int, default=400)
+    parser.add_argument("--tracing", choices=["off", "otlp"], default="off")
+    parser.add_argument("--before", type=Path)
+    args = parser.parse_args()
+    assert AUTH
+    with OtlpReceiver() as collector, processes() as procs:
+        backend = procs.start("backend_stub", backend_config(procs.workdir), "backend")
+        gateway = procs.start("gateway", gateway_config(procs.workdir, backend.url), "gateway")
+        task_id = submit_and_wait(gateway.url, {"export_type": "report_export"}, {"COMPLETED"})
+        config = gateway_config(procs.workdir / "measured", backend.url, log_level="warning")
+        config["tracing"] = ({"exporter": "otlp", "endpoint": collector.url} if args.tracing == "otlp"
+                             else {"exporter": "none"})
+        import yaml
+
+        measured = procs.workdir / "measured.yaml"
+        measured.write_text(yaml.safe_dump(config))
+        code = args.before.resolve() if args.before else ROOT
+        few = _instructions(code, str(measured), task_id, DEMO_KEY, args.hits)
+        many = _instructions(code, str(measured), task_id, DEMO_KEY, 5 * args.hits)
+        label = f"before ({args.before})" if args.before else f"this code, tracing {args.tracing}"
+        print(f"cache hit, {label}: {(many - few) / (4 * args.hits):,.0f} instructions")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Where both processes send their spans, and which traces they record: the YAML, then OpenTelemetry's variables.
+
+The standard variables win over the YAML, as every OpenTelemetry SDK does:
+OTEL_TRACES_EXPORTER (none, console, otlp), OTEL_EXPORTER_OTLP_ENDPOINT or
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL (http/protobuf),
+OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from typing import Literal, Mapping
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+log = logging.getLogger("exports.tracing")
+SamplerName = Literal["parentbased_traceidratio", "parentbased_always_on", "parentbased_always_off",
+                      "traceidratio", "always_on", "always_off"]
+
+
+class TracingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    exporter: Literal["none", "console", "otlp"] = Field(
+        "none", description="none: ids propagate, nothing is recorded; otlp: spans to `endpoint` (http/protobuf)")
+    endpoint: str = Field("http://127.0.0.1:4318", description="the collector's OTLP/HTTP base URL (/v1/traces is "
+                                                               "added)")
+    service_name: str = Field("", description="empty: the process's own name")
+    sampler: SamplerName = Field("parentbased_traceidratio", description="as OTEL_TRACES_SAMPLER names them")
+    sample_ratio: float = Field(0.05, ge=0.0, le=1.0, description="share of new traces recorded")
+    trusted_proxies: list[str] = Field(
+        default_factory=list, description="CIDRs whose sampled flag is obeyed; from anyone else a traceparent keeps "
+                                          "its trace id and the ratio decides (parentbased_always_on obeys everyone)")
+
+    def trusts(self, host: str | None) -> bool:
+        if self.sampler == "parentbased_always_on":
+            return True
+        try:
+            address = ipaddress.ip_address(host or "")
+        except ValueError:
+            return False
+        return any(address in ipaddress.ip_network(net, strict=False) for net in self.trusted_proxies)
+
+
+def from_environment(config: TracingConfig, env: Mapping[str, str] = os.environ) -> TracingConfig:
+    """The config with OpenTelemetry's standard variables applied; a value they cannot hold is logged and ignored."""
+    changes: dict[str, object] = {}
+    if exporter := env.get("OTEL_TRACES_EXPORTER"):
+        changes["exporter"] = exporter.split(",")[0].strip()
+    if endpoint := env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        changes["endpoint"] = endpoint.removesuffix("/v1/traces")
+    elif endpoint := env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        changes["endpoint"] = endpoint
+    if name := env.get("OTEL_SERVICE_NAME"):
+        changes["service_name"] = name
+    if sampler := env.get("OTEL_TRACES_SAMPLER"):
+        changes["sampler"] = sampler
+    if (arg := env.get("OTEL_TRACES_SAMPLER_ARG")) is not None:
+        changes["sample_ratio"] = arg
+    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    if protocol and protocol != "http/protobuf":
+        log.error("only the http/protobuf OTLP protocol is supported; spans go out as http/protobuf",
+                  extra={"protocol": protocol})
+    for key, value in changes.items():
+        try:
+            config = TracingConfig.model_validate({**config.model_dump(), key: value})
+        except ValidationError as exc:
+            log.error("an OpenTelemetry variable was ignored", extra={"setting": key, "error": str(exc)})
+    return config
+
+
+def sampler(config: TracingConfig) -> Sampler:
+    ratio = TraceIdRatioBased(config.sample_ratio)
+    root: Sampler = {"always_on": ALWAYS_ON, "always_off": ALWAYS_OFF, "traceidratio": ratio,
+                     "parentbased_always_on": ALWAYS_ON, "parentbased_always_off": ALWAYS_OFF,
+                     "parentbased_traceidratio": ratio}[config.sampler]
+    return ParentBased(root) if config.sampler.startswith("parentbased") else root
+
+
+def new_trace_sampled(config: TracingConfig, trace_id: int) -> bool:
+    """What the sampler decides for a new trace with this id (the same rule as TraceIdRatioBased)."""
+    if config.exporter == "none" or config.sampler.endswith("always_off"):
+        return False
+    if config.sampler.endswith("always_on"):
+        return True
+    return trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < TraceIdRatioBased.get_bound_for_rate(config.sample_ratio)
+
+
+_providers: dict[str, TracerProvider] = {}  # the one provider, once installed
+
+
+def install(default_service: str, config: TracingConfig, presampled: bool = False) -> trace.Tracer:
+    """The process's tracer provider, installed once (OpenTelemetry allows one per process).
+
+    `presampled`: the caller applies the ratio to new traces itself, before making a span.
+    """
+    if "installed" not in _providers:
+        resource = Resource.create({"service.name": config.service_name or default_service})
+        chosen = ParentBased(ALWAYS_ON) if presampled else sampler(config)
+        provider = TracerProvider(resource=resource, sampler=chosen if config.exporter != "none" else ALWAYS_OFF)
+        if config.exporter == "console":
+            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+        elif config.exporter == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            endpoint = config.endpoint.rstrip("/") + "/v1/traces"
+            # batched as OTEL_BSP_SCHEDULE_DELAY and OTEL_BSP_MAX_EXPORT_BATCH_SIZE say (5 s, 512 spans)
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        trace.set_tracer_provider(provider)
+        _providers["installed"] = provider
+    return _providers["installed"].get_tracer(default_service)
+
+
+def shutdown() -> None:
+    """Send the spans still queued (a process that stops otherwise loses its last second of them)."""
+    for provider in _providers.values():
+        provider.force_flush(5000)
