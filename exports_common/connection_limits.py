@@ -10,7 +10,8 @@ subclasses that protocol (keeping its speed, see benchmarks/RESULTS.md) to add:
   (or after the connection opened): else 408 and close;
 - a body that stops arriving for `body_idle_timeout_sec` (while the app is
   reading it) closes the connection; the app sees the client disconnect;
-- at most `max_connections` connections per process: the next one gets 503 and close.
+- at most `max_connections` connections per process: the next one gets 503 and close;
+- a request that is not valid HTTP gets a 400 envelope, not uvicorn's plain text.
 """
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ from exports_common.errors import ApiError, ErrorKind
 
 # the request line (method, path and query) may add this much to the header limit
 REQUEST_LINE_ALLOWANCE = 8192
+
+
+class _TooManyHeaders(Exception):
+    pass
 
 
 class ConnectionLimits(BaseModel):
@@ -65,6 +70,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._reading_headers = True
         self._header_bytes = 0
         self._header_lines = 0
+        self._too_large = False
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
 
@@ -88,14 +94,27 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._arm_body_timer()
         super().data_received(data)
         if self._reading_headers and not self.transport.is_closing() and (
-                self._header_bytes > self.max_header_bytes + REQUEST_LINE_ALLOWANCE
-                or self._header_lines > self.limits.max_headers):
-            self._refuse(ErrorKind.HEADERS_TOO_LARGE, f"request headers must total at most {self.max_header_bytes}"
-                                                      f" bytes in at most {self.limits.max_headers} lines")
+                self._header_bytes > self.max_header_bytes + REQUEST_LINE_ALLOWANCE):
+            self._refuse_too_large()
+
+    def _refuse_too_large(self) -> None:
+        self._refuse(ErrorKind.HEADERS_TOO_LARGE, f"request headers must total at most {self.max_header_bytes}"
+                                                  f" bytes in at most {self.limits.max_headers} lines")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_lines += 1
+        if self._header_lines > self.limits.max_headers:
+            # raised through the parser, it comes back to send_400_response, which answers 431
+            self._too_large = True
+            raise _TooManyHeaders
         super().on_header(name, value)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse: an envelope here, like every other error."""
+        if self._too_large:
+            self._refuse_too_large()
+        else:
+            self._refuse(ErrorKind.BAD_REQUEST, "the request is not valid HTTP/1.1")
 
     def on_headers_complete(self) -> None:
         self._reading_headers = False
