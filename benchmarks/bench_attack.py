@@ -63,7 +63,7 @@ async def _slow_one(port: int, stop: threading.Event, closed: list[int]) -> None
                 try:
                     if await asyncio.wait_for(reader.read(65536), 0.5) or reader.at_eof():
                         break
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     writer.write(b"X")
         except (ConnectionResetError, BrokenPipeError):
             pass

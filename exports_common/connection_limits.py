@@ -80,22 +80,28 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(ErrorKind.UNAVAILABLE, "too many connections to this server; retry shortly",
                          b"retry-after: 1\r\n")
             return
-        self._arm_header_timer()
+        # a connection that sends nothing is held to the header timeout too
+        self._header_timer = self.loop.call_later(self.limits.header_timeout_sec, self._headers_too_slow)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        # Timers are armed only after a read that leaves a request incomplete: a request whose
+        # headers (and body) come in one read, the common case, costs no timer at all.
         if self._reading_headers:
             self._header_bytes += len(data)
-            self._arm_header_timer()
-        else:
-            self._arm_body_timer()
         super().data_received(data)
-        if self._reading_headers and not self.transport.is_closing() and (
-                self._header_bytes > self.max_header_bytes + REQUEST_LINE_ALLOWANCE):
-            self._refuse_too_large()
+        if self.transport.is_closing():
+            return
+        if self._reading_headers:
+            if self._header_bytes > self.max_header_bytes + REQUEST_LINE_ALLOWANCE:
+                self._refuse_too_large()
+            elif self._header_timer is None:
+                self._header_timer = self.loop.call_later(self.limits.header_timeout_sec, self._headers_too_slow)
+        elif self.cycle is not None and self.cycle.more_body:
+            self._arm_body_timer()
 
     def _refuse_too_large(self) -> None:
         self._refuse(ErrorKind.HEADERS_TOO_LARGE, f"request headers must total at most {self.max_header_bytes}"
@@ -118,25 +124,19 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._reading_headers = False
-        self._cancel_timers()
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
         super().on_headers_complete()
-        self._arm_body_timer()
 
     def on_message_complete(self) -> None:
-        self._cancel_timers()
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
         self._reading_headers, self._header_bytes, self._header_lines = True, 0, 0
         super().on_message_complete()
 
-    def on_response_complete(self) -> None:
-        # the keep-alive timer takes over from here; the next request's first byte arms the header timer
-        self._cancel_timers()
-        super().on_response_complete()
-
     # -- timers ---------------------------------------------------------------------------------
-
-    def _arm_header_timer(self) -> None:
-        if self._header_timer is None:
-            self._header_timer = self.loop.call_later(self.limits.header_timeout_sec, self._headers_too_slow)
 
     def _arm_body_timer(self) -> None:
         if self._body_timer is not None:
@@ -151,6 +151,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None
+        if self.cycle is not None and not self.cycle.response_complete and not self.transport.is_closing():
+            # the next request's start arrived while this one is answered: its clock starts afterwards
+            self._header_timer = self.loop.call_later(self.limits.header_timeout_sec, self._headers_too_slow)
+            return
         if self._reading_headers and not self.transport.is_closing():
             self._refuse(ErrorKind.REQUEST_TIMEOUT, f"send the request headers within "
                                                     f"{self.limits.header_timeout_sec:g} s")

@@ -88,7 +88,7 @@ class Breaker:
             breaker.cb.reset_timeout = reset_timeout
             breaker.window_sec = window_sec
 
-    def of_tenant(self, tenant: str | None) -> "Breaker":
+    def of_tenant(self, tenant: str | None) -> Breaker:
         key = tenant or ANONYMOUS
         own = self.tenants.get(key)
         if own is None:

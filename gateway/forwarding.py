@@ -8,6 +8,7 @@ from a trusted proxy's forwarded host, else from the address the gateway listens
 from __future__ import annotations
 
 import ipaddress
+
 from starlette.types import Scope
 
 from exports_common.connection_limits import networks

@@ -18,7 +18,8 @@ DEMO_KEY = secrets.token_urlsafe(24)
 DEMO2_KEY = secrets.token_urlsafe(24)
 ADMIN_TOKEN = secrets.token_urlsafe(24)
 SIGNING_SECRET = secrets.token_urlsafe(32)
-WEBHOOK_SECRETS = {tenant: "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode() for tenant in ("demo", "demo2")}
+WEBHOOK_SECRETS = {tenant: "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+                   for tenant in ("demo", "demo2")}
 # the public URL the backend's callback links use (the gateways of the tests each have their own)
 PUBLIC_URL = "https://exports.example.test"
 

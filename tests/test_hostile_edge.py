@@ -232,7 +232,7 @@ def test_endless_header_and_200_slow_connections_cost_little_memory_and_latency(
                 for _ in range(40):  # one header byte every 0.25 s, for far longer than header_timeout_sec
                     try:
                         return await asyncio.wait_for(reader.read(65536), 0.25) or b"closed"
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         writer.write(b"X")
                 return b"still open"
             except (ConnectionResetError, BrokenPipeError):

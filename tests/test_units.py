@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from exports_common import webhooks
+from exports_common.errors import ApiError
 from exports_common.netpolicy import AddressPolicy, refusal
 from exports_common.signing import DownloadSigner
 from exports_common.task_ids import is_task_id, new_task_id
 from gateway import telemetry
-from exports_common.errors import ApiError
 from gateway.breakers import Breaker, guarded
 from gateway.config import RouteConfig
 from gateway.plugins.status_cache import poll_interval
