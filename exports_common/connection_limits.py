@@ -67,9 +67,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._reading_headers = True
-        self._header_bytes = 0
-        self._header_lines = 0
+        self._header_bytes = 0  # read so far of a header section not yet complete
         self._too_large = False
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
@@ -88,32 +86,37 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        # Timers are armed only after a read that leaves a request incomplete: a request whose
-        # headers (and body) come in one read, the common case, costs no timer at all.
-        if self._reading_headers:
-            self._header_bytes += len(data)
+        # The state is judged after the parser has run, from what uvicorn keeps: a scope without
+        # a method is a request whose headers are still coming. This way the common case, a whole
+        # request in one read, costs one check and no timer.
         super().data_received(data)
         if self.transport.is_closing():
             return
-        if self._reading_headers:
+        scope = self.scope
+        if scope is not None and "method" not in scope:
+            self._header_bytes += len(data)
             if self._header_bytes > self.max_header_bytes + REQUEST_LINE_ALLOWANCE:
                 self._refuse_too_large()
             elif self._header_timer is None:
                 self._header_timer = self.loop.call_later(self.limits.header_timeout_sec, self._headers_too_slow)
-        elif self.cycle is not None and self.cycle.more_body:
+            return
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        self._header_bytes = 0
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not cycle.response_complete:
             self._arm_body_timer()
+        elif self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
 
-    def _refuse_too_large(self) -> None:
-        self._refuse(ErrorKind.HEADERS_TOO_LARGE, f"request headers must total at most {self.max_header_bytes}"
-                                                  f" bytes in at most {self.limits.max_headers} lines")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_lines += 1
-        if self._header_lines > self.limits.max_headers:
+    def on_headers_complete(self) -> None:
+        if len(self.headers) > self.limits.max_headers:
             # raised through the parser, it comes back to send_400_response, which answers 431
             self._too_large = True
             raise _TooManyHeaders
-        super().on_header(name, value)
+        super().on_headers_complete()
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request it cannot parse: an envelope here, like every other error."""
@@ -122,19 +125,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         else:
             self._refuse(ErrorKind.BAD_REQUEST, "the request is not valid HTTP/1.1")
 
-    def on_headers_complete(self) -> None:
-        self._reading_headers = False
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-        super().on_headers_complete()
-
-    def on_message_complete(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
-        self._reading_headers, self._header_bytes, self._header_lines = True, 0, 0
-        super().on_message_complete()
+    def _refuse_too_large(self) -> None:
+        self._refuse(ErrorKind.HEADERS_TOO_LARGE, f"request headers must total at most {self.max_header_bytes}"
+                                                  f" bytes in at most {self.limits.max_headers} lines")
 
     # -- timers ---------------------------------------------------------------------------------
 
@@ -155,7 +148,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             # the next request's start arrived while this one is answered: its clock starts afterwards
             self._header_timer = self.loop.call_later(self.limits.header_timeout_sec, self._headers_too_slow)
             return
-        if self._reading_headers and not self.transport.is_closing():
+        scope = self.scope
+        if (scope is None or "method" not in scope) and not self.transport.is_closing():
             self._refuse(ErrorKind.REQUEST_TIMEOUT, f"send the request headers within "
                                                     f"{self.limits.header_timeout_sec:g} s")
 
