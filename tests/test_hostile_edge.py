@@ -303,7 +303,8 @@ def test_one_tenants_failures_open_only_its_breaker_and_a_dead_backend_opens_the
     answers = asyncio.run(tenant_a())
     assert {r.status_code for r in answers} <= {500, 503}
     own = [r for r in answers if r.status_code == 503]
-    assert len(own) >= 90 and all(r.json()["data"]["reason"] == "tenant_circuit_open" for r in own)
+    # at most fail_max (5) failures, plus the 10 already in flight when its breaker opened, reach the backend
+    assert len(own) >= 100 - 5 - 10 and all(r.json()["data"]["reason"] == "tenant_circuit_open" for r in own)
     assert all(int(r.headers["retry-after"]) >= 1 for r in own)
     assert httpx.get(f"{gateway.url}{API}", headers=AUTH2).status_code == 200
     breakers = httpx.get(f"{gateway.url}/admin/breakers", headers=ADMIN).json()["data"]["exports"]
