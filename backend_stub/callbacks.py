@@ -125,9 +125,9 @@ class CallbackSender:
         event = cb["event"]
         download_url = None
         if event["has_result"] and event["expire_at"]:
-            expires = int(event["expire_at"])
+            expires = self.signer.expiry(event["expire_at"])
             path = self.links.path.format(task_id=task.task_id)
-            download_url = f"{self.links.base_url.rstrip('/')}{path}?expires={expires}&sig=" \
+            download_url = f"{self.links.base()}{path}?expires={expires}&sig=" \
                            f"{self.signer.sign(task.task_id, expires)}"
         return {
             "task_id": task.task_id, "status": event["status"], "download_url": download_url,

@@ -7,6 +7,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from backend_stub.datasets import DATASETS
+from exports_common import dev_mode
+from exports_common.connection_limits import ConnectionLimits
 from exports_common.otel import TracingConfig
 
 
@@ -44,6 +46,8 @@ class HttpFaultConfig(Strict):
     error_rate: float = Field(0.0, ge=0.0, le=1.0)
     status: int = Field(503, ge=500, le=599)
     path_prefix: str = "/exports"
+    tenants: list[str] = Field(default_factory=list, description="only these tenants' requests (X-Tenant-Id); "
+                                                                 "empty: everyone's")
 
 
 class CallbackConfig(Strict):
@@ -82,9 +86,13 @@ class CallbackConfig(Strict):
 class DownloadLinkConfig(Strict):
     """How callbacks name the result: the gateway's signed link (the same secret as the gateway's)."""
 
-    base_url: str = "http://127.0.0.1:8080"
+    base_url: str = Field("", pattern=r"^(https?://[^/\s?#]+(/[^\s?#]*)?)?$",
+                          description="the gateway's public URL (its public_base_url); required outside dev mode")
     path: str = "/api/v1/exports/{task_id}/download"
     secrets: list[str] = Field(min_length=1)
+
+    def base(self) -> str:
+        return (self.base_url or dev_mode.DEV_PUBLIC_URL).rstrip("/")
 
 
 class ExportTypeConfig(Strict):
@@ -126,13 +134,32 @@ class BackendConfig(Strict):
     default_timeout_sec: int = Field(300, ge=1)
     max_timeout_sec: int = Field(3600, ge=1)
     max_body_bytes: int = Field(65_536, ge=1024)
+    max_header_bytes: int = Field(16_384, ge=1024, le=65536, description="larger request headers get 431")
+    connection_limits: ConnectionLimits = Field(default_factory=ConnectionLimits)
     max_filters_bytes: int = Field(8_192, ge=64)
     http_fault: HttpFaultConfig = Field(default_factory=HttpFaultConfig)
     callbacks: CallbackConfig = Field(default_factory=CallbackConfig)
     download_links: DownloadLinkConfig = Field(
-        default_factory=lambda: DownloadLinkConfig(secrets=["dev-signing-secret-change-me"]))
+        default_factory=lambda: DownloadLinkConfig(secrets=[dev_mode.DEV_SIGNING_SECRET]))
     export_types: dict[str, ExportTypeConfig]
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+
+    def unsafe_defaults(self) -> list[str]:
+        """What makes this config unfit outside dev mode, each with what to set instead."""
+        problems = []
+        if not self.download_links.base_url:
+            problems.append("download_links.base_url is empty: set GATEWAY_PUBLIC_URL to the gateway's public URL")
+        if dev_mode.DEV_SIGNING_SECRET in self.download_links.secrets:
+            problems.append("download_links.secrets holds the published dev secret: set DOWNLOAD_SIGNING_SECRET "
+                            "(the same value as the gateway's)")
+        published = dev_mode.DEV_WEBHOOK_SECRETS
+        for tenant, secrets in self.callbacks.secrets.items():
+            if published & set(secrets):
+                problems.append(f"callbacks.secrets.{tenant} holds a published demo webhook secret: set "
+                                f"{tenant.upper()}_WEBHOOK_SECRET (or replace it) with whsec_ and 24+ random bytes")
+        if published & set(self.callbacks.default_secrets):
+            problems.append("callbacks.default_secrets holds a published demo webhook secret: replace it")
+        return problems
 
     @model_validator(mode="after")
     def _timeouts(self) -> BackendConfig:

@@ -3,17 +3,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
-from typing import Callable, TypeVar
+from typing import Callable, Protocol, TypeVar, cast
 
 import uvicorn
 from pydantic import BaseModel
 from starlette.types import ASGIApp
 
-from exports_common import jsonlog
+from exports_common import dev_mode, jsonlog
 from exports_common.config_loader import ConfigError, load_model
+from exports_common.connection_limits import ConnectionLimits, bounded_http
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class Served(Protocol):
+    """What `run` needs of a process's config."""
+
+    host: str
+    port: int
+    log_level: str
+    max_header_bytes: int
+    connection_limits: ConnectionLimits
+
+    def unsafe_defaults(self) -> list[str]: ...
 
 
 def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, str], ASGIApp],
@@ -24,6 +38,8 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
     run.add_argument("--config", default=default_config)
     run.add_argument("--host")
     run.add_argument("--port", type=int)
+    run.add_argument("--dev", action="store_true",
+                     help=f"dev mode: accept the published demo secrets (same as {dev_mode.DEV_ENV}=1)")
     check = sub.add_parser("check-config", help="validate a config file and name every problem")
     check.add_argument("file")
     sub.add_parser("schema", help="print the config's JSON Schema")
@@ -38,13 +54,28 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
     except ConfigError as exc:
         print(exc.report(), file=sys.stderr)
         return 2
+    unsafe = cast(Served, config).unsafe_defaults()
     if args.command == "check-config":
-        print(f"{path}: OK")
+        for problem in unsafe:
+            print(f"{path}: warning: {problem} (refused at start unless in dev mode)", file=sys.stderr)
+        print(f"{path}: OK" + (f" with {len(unsafe)} warning(s)" if unsafe else ""))
         return 0
+    if args.dev:
+        dev_mode.enable_dev_mode()
+    if unsafe and not dev_mode.dev_mode():
+        print(dev_mode.refusal(unsafe), file=sys.stderr)
+        return 2
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     config = config.model_copy(update=overrides)
-    server = config.model_dump(include={"host", "port", "log_level"})
-    jsonlog.setup(server.get("log_level", "info"))
-    uvicorn.run(make_app(config, path), host=server["host"], port=server["port"], log_config=None,
-                access_log=False, lifespan="on")
+    served = cast(Served, config)
+    jsonlog.setup(served.log_level)
+    if dev_mode.dev_mode():
+        logging.getLogger(prog).warning("DEV MODE: published demo secrets are accepted; never expose this process",
+                                        extra={"unsafe": unsafe})
+    limits = served.connection_limits
+    # proxy_headers off: which forwarding headers to believe is the app's decision (trusted_proxies),
+    # not uvicorn's, which believes any from loopback
+    uvicorn.run(make_app(config, path), host=served.host, port=served.port, log_config=None, access_log=False,
+                lifespan="on", http=bounded_http(limits, served.max_header_bytes), proxy_headers=False,
+                timeout_keep_alive=limits.keep_alive_sec)
     return 0

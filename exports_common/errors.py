@@ -20,6 +20,7 @@ class ErrorKind(Enum):
     NOT_FOUND = (40400, 404, "no such resource")
     TASK_NOT_FOUND = (40401, 404, "no such task (unknown, expired, or not yours)")
     METHOD_NOT_ALLOWED = (40500, 405, "method not allowed on this path")
+    REQUEST_TIMEOUT = (40800, 408, "the request was not sent in time")
     TASK_ID_CONFLICT = (40901, 409, "a task with this id exists with a different payload")
     IDEMPOTENCY_IN_FLIGHT = (40902, 409, "a request with this Idempotency-Key is still in flight; retry shortly")
     STALE_ATTEMPT = (40903, 409, "expected_attempt does not match the task's current attempt")

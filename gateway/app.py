@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from exports_common import otel
+from exports_common import dev_mode, otel
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.envelope import exception_handlers, ok
 from exports_common.errors import ApiError, ErrorKind, unavailable
@@ -76,6 +76,8 @@ class Gateway:
         self.export_types = openapi.ExportTypesSource()
         self.ops_app = Starlette(routes=self.ops_routes(), lifespan=self.lifespan,
                                  exception_handlers=exception_handlers())
+        # a slash redirect would be built from the client's Host header: a 404 envelope instead
+        self.ops_app.router.redirect_slashes = False
 
     @property
     def runtime(self) -> Runtime:
@@ -99,7 +101,8 @@ class Gateway:
         pool = max(u.pool_size for u in config.upstreams.values())
         services = Services(
             client=AiohttpUpstream(pool), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
-            signer=DownloadSigner(config.download_signing.secrets), upstreams=upstreams_of(config, metrics),
+            signer=DownloadSigner(config.download_signing.secrets, config.download_signing.max_link_ttl_sec),
+            upstreams=upstreams_of(config, metrics),
             state=open_state(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
         )
         self._observe(services)
@@ -136,6 +139,12 @@ class Gateway:
             log.error("config reload refused; the config in force keeps serving", extra={"problems": exc.problems})
             self.runtime.services.metrics.config_reloads.add("refused")
             return exc.problems
+        unsafe = [] if dev_mode.dev_mode() else config.unsafe_defaults()
+        if unsafe:
+            self.runtime.services.metrics.config_reloads.add("refused")
+            log.error("config reload refused outside dev mode; the config in force keeps serving",
+                      extra={"problems": unsafe})
+            return unsafe
         self._apply(build_runtime(config, self.runtime.services))
         self.runtime.services.metrics.config_reloads.add("applied")
         log.info("config reloaded", extra={"routes": len(config.routes), "config_hash": self.config_hash})
@@ -167,11 +176,14 @@ class Gateway:
         Dispatching here rather than through a Starlette catch-all route keeps the
         per-request cost of the hot path to what the chain itself needs.
         """
-        if scope["type"] == "http" and not _is_ops_path(scope["path"]):
-            response = self._refuse_headers(scope) or await self.handle(Request(scope, receive))
-            await response(scope, receive, send)
-        else:
+        if scope["type"] != "http":
             await self.ops_app(scope, receive, send)
+        elif refused := self._refuse_headers(scope):
+            await refused(scope, receive, send)
+        elif _is_ops_path(scope["path"]):
+            await self.ops_app(scope, receive, send)
+        else:
+            await (await self.handle(Request(scope, receive)))(scope, receive, send)
 
     def _refuse_headers(self, scope: Scope) -> GatewayResponse | None:
         limit = self.runtime.config.max_header_bytes
@@ -265,6 +277,8 @@ class Gateway:
         return Response(json.dumps(openapi.build(self.runtime.config, types)), media_type="application/json")
 
     async def metrics(self, request: Request) -> Response:
+        if self.runtime.config.metrics_auth == "admin_token":
+            self._require_admin(request)
         services = self.runtime.services
         with contextlib.suppress(Exception):  # a store that does not answer leaves the last depth read
             services.metrics.async_values["outbox_depth"] = float(await services.outbox.size())

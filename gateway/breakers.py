@@ -1,9 +1,19 @@
-"""One circuit breaker per upstream (pybreaker), shared by every route to that upstream.
+"""Circuit breakers (pybreaker): one per upstream, shared by every route and tenant, and one per tenant.
 
-pybreaker has no asyncio support of its own: the circuit_breaker plugin wraps the
-awaited call in `calling()`. What pybreaker does not do is hold half-open to one
-trial: with coroutines, many calls can enter while the first is still awaiting.
-`trial_in_flight` closes that gap.
+The rule that keeps one tenant from opening the shared breaker for everyone:
+- transport failures (connect errors, resets, timeouts) count toward the upstream's
+  shared breaker: they say the upstream is unwell, whoever's request met them;
+- a failure status (5xx) counts toward the calling tenant's own breaker, and toward
+  the shared breaker only while at least two tenants have seen one within
+  `window_sec`: one tenant's input making the backend fail is that tenant's problem;
+- a tenant whose requests alone keep failing gets its own open state (its own 503
+  with Retry-After, listed in /admin/breakers) and nobody else notices.
+
+pybreaker has no asyncio support, so the answer is awaited first and then fed to
+pybreaker through `calling()`; a call that says nothing about a breaker (a
+cancelled request, a tenant's 5xx for the shared one, a transport failure for the
+tenant's) is not fed to it at all. pybreaker also does not hold half-open to one
+trial when calls overlap; `trial_in_flight` closes that gap.
 """
 from __future__ import annotations
 
@@ -14,12 +24,14 @@ from typing import Awaitable, Callable
 
 import pybreaker
 
+from exports_common.errors import unavailable
 from gateway.response import GatewayResponse
 from gateway.telemetry import Metrics
 from gateway.upstream import UpstreamError
 
 log = logging.getLogger("gateway.breaker")
 STATES = {"closed": 0, "half-open": 1, "open": 2}
+ANONYMOUS = "-"  # calls with no tenant (signed downloads) share one tenant's breaker
 
 
 class _Report(pybreaker.CircuitBreakerListener):
@@ -29,22 +41,29 @@ class _Report(pybreaker.CircuitBreakerListener):
     def state_change(self, cb: pybreaker.CircuitBreaker, old: object, new: object) -> None:
         old_name, new_name = getattr(old, "name", str(old)), getattr(new, "name", str(new))
         self.metrics.breaker_transitions.add(cb.name or "", new_name)
-        log.warning("circuit breaker changed state", extra={"upstream": cb.name, "from": old_name, "to": new_name})
+        log.warning("circuit breaker changed state", extra={"breaker": cb.name, "from": old_name, "to": new_name})
+
+
+class _Failed(Exception):
+    """What pybreaker is told when an answer counts as a failure."""
 
 
 class Breaker:
-    def __init__(self, upstream: str, fail_max: int, reset_timeout: float, metrics: Metrics) -> None:
-        self.cb = pybreaker.CircuitBreaker(
-            fail_max=fail_max, reset_timeout=reset_timeout, name=upstream, throw_new_error_on_trip=False,
-            # a cancelled request says nothing about the upstream (a trial runs on in a task of its own)
-            exclude=[lambda exc: isinstance(exc, asyncio.CancelledError)],
-            listeners=[_Report(metrics)],
-        )
+    def __init__(self, name: str, fail_max: int, reset_timeout: float, metrics: Metrics,
+                 window_sec: float = 10.0, tenant: str | None = None) -> None:
+        self.cb = pybreaker.CircuitBreaker(fail_max=fail_max, reset_timeout=reset_timeout, name=name,
+                                           throw_new_error_on_trip=False, listeners=[_Report(metrics)])
+        self.metrics = metrics
+        self.tenant = tenant
+        self.window_sec = window_sec
         self.trial_in_flight = False
         self._opened: object = None
         self._opened_ts = 0.0
+        # shared breaker only: each tenant's own breaker, and when each last saw a failure status
+        self.tenants: dict[str, Breaker] = {}
+        self._failing_since: dict[str, float] = {}
 
-    def trial_done(self, _: asyncio.Future[GatewayResponse]) -> None:
+    def trial_done(self, _: object = None) -> None:
         self.trial_in_flight = False
 
     @property
@@ -63,13 +82,66 @@ class Breaker:
             self._opened, self._opened_ts = opened, opened.timestamp()
         return max(0.0, self.cb.reset_timeout - (time.time() - self._opened_ts))
 
-    def configure(self, fail_max: int, reset_timeout: float) -> None:
-        self.cb.fail_max = fail_max
-        self.cb.reset_timeout = reset_timeout
+    def configure(self, fail_max: int, reset_timeout: float, window_sec: float) -> None:
+        for breaker in (self, *self.tenants.values()):
+            breaker.cb.fail_max = fail_max
+            breaker.cb.reset_timeout = reset_timeout
+            breaker.window_sec = window_sec
+
+    def of_tenant(self, tenant: str | None) -> Breaker:
+        key = tenant or ANONYMOUS
+        own = self.tenants.get(key)
+        if own is None:
+            own = self.tenants[key] = Breaker(f"{self.cb.name}/{key}", self.cb.fail_max, self.cb.reset_timeout,
+                                              self.metrics, self.window_sec, tenant=key)
+        return own
+
+    def failing_tenants(self, tenant: str) -> int:
+        """Note that `tenant` just saw a failure status; how many tenants did within the window."""
+        now = time.monotonic()
+        self._failing_since[tenant] = now
+        for name, seen in list(self._failing_since.items()):
+            if now - seen > self.window_sec:
+                del self._failing_since[name]
+        return len(self._failing_since)
+
+    def admit(self) -> bool:
+        """Refuse the call while open (or while another call is the trial); True when this call is the trial."""
+        state = self.state
+        if state == "closed":
+            return False
+        if state == "open" and (wait := self.seconds_left_open()) > 0:
+            raise self.refusal(wait)
+        if self.trial_in_flight:
+            raise self.refusal(1.0)
+        self.trial_in_flight = True
+        if state == "open":
+            self.cb.half_open()
+        return True
+
+    def refusal(self, retry_after: float) -> Exception:
+        if self.tenant is None:
+            return UpstreamError("circuit_open", "the circuit breaker is open", retry_after=retry_after)
+        # the tenant's own: not an upstream failure, so no outbox or stale answer stands in for it
+        return unavailable("your requests keep failing upstream, so they are refused for a while; check their "
+                           "parameters", max(1, round(retry_after)), data={"reason": "tenant_circuit_open"})
+
+    def record(self, failed: bool) -> None:
+        try:
+            with self.cb.calling():
+                if failed:
+                    raise _Failed
+        except (_Failed, pybreaker.CircuitBreakerError):
+            pass  # counted; an open breaker raises instead of counting a late answer
 
     def describe(self) -> dict[str, object]:
-        return {"state": self.state, "failures": self.cb.fail_counter, "fail_max": self.cb.fail_max,
-                "reset_timeout_sec": self.cb.reset_timeout, "seconds_to_trial": round(self.seconds_to_trial(), 3)}
+        out: dict[str, object] = {
+            "state": self.state, "failures": self.cb.fail_counter, "fail_max": self.cb.fail_max,
+            "reset_timeout_sec": self.cb.reset_timeout, "seconds_to_trial": round(self.seconds_to_trial(), 3)}
+        if self.tenant is None:
+            out["tenants"] = {name: b.describe() for name, b in self.tenants.items()
+                              if b.state != "closed" or b.cb.fail_counter}
+        return out
 
 
 class Breakers:
@@ -77,37 +149,35 @@ class Breakers:
         self.metrics = metrics
         self.by_upstream: dict[str, Breaker] = {}
 
-    def get(self, upstream: str, fail_max: int, reset_timeout: float) -> Breaker:
+    def get(self, upstream: str, fail_max: int, reset_timeout: float, window_sec: float = 10.0) -> Breaker:
         breaker = self.by_upstream.get(upstream)
         if breaker is None:
-            breaker = self.by_upstream[upstream] = Breaker(upstream, fail_max, reset_timeout, self.metrics)
+            breaker = self.by_upstream[upstream] = Breaker(upstream, fail_max, reset_timeout, self.metrics,
+                                                           window_sec)
         else:
-            breaker.configure(fail_max, reset_timeout)
+            breaker.configure(fail_max, reset_timeout, window_sec)
         return breaker
 
 
-class _FailedStatus(Exception):
-    def __init__(self, resp: GatewayResponse) -> None:
-        super().__init__(f"upstream answered {resp.status}")
-        self.resp = resp
-
-
 async def guarded(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse]],
-                  failure_statuses: frozenset[int]) -> GatewayResponse:
-    """Make `call` through the breaker: an open breaker answers at once, 5xx answers count as failures."""
-    state = breaker.state
-    if state == "open" and (wait := breaker.seconds_left_open()) > 0:
-        raise UpstreamError("circuit_open", "the circuit breaker is open", retry_after=wait)
-    if state == "closed":
-        return await _through(breaker, call, failure_statuses)
-    if breaker.trial_in_flight:
-        raise UpstreamError("circuit_open", "a trial request is testing the upstream", retry_after=1.0)
-    # This call is the trial. It runs to its end even if its request is cancelled, so that the
-    # upstream's answer decides whether the breaker closes: pybreaker would count the cancellation
-    # (excluded) as a success and close it on no evidence.
-    breaker.trial_in_flight = True
-    trial = asyncio.ensure_future(_through(breaker, call, failure_statuses))
-    trial.add_done_callback(breaker.trial_done)
+                  failure_statuses: frozenset[int], tenant: str | None = None) -> GatewayResponse:
+    """Make `call` through the upstream's breaker and the tenant's: either open answers at once."""
+    shared_trial = breaker.admit()
+    own = breaker.of_tenant(tenant)
+    try:
+        own_trial = own.admit()
+    except BaseException:
+        if shared_trial:
+            breaker.trial_done()
+        raise
+    if not (shared_trial or own_trial):
+        return await _through(breaker, own, call, failure_statuses)
+    # This call is a trial. It runs to its end even if its request is cancelled, so that the
+    # upstream's answer decides whether the breaker closes.
+    trial = asyncio.ensure_future(_through(breaker, own, call, failure_statuses))
+    for trying, is_trial in ((breaker, shared_trial), (own, own_trial)):
+        if is_trial:
+            trial.add_done_callback(trying.trial_done)
     try:
         return await asyncio.shield(trial)
     except asyncio.CancelledError:
@@ -115,17 +185,26 @@ async def guarded(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse
         raise
 
 
-async def _through(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse]],
+async def _through(shared: Breaker, own: Breaker, call: Callable[[], Awaitable[GatewayResponse]],
                    failure_statuses: frozenset[int]) -> GatewayResponse:
     try:
-        with breaker.cb.calling():
-            resp = await call()
-            if resp.status in failure_statuses:
-                raise _FailedStatus(resp)
-    except pybreaker.CircuitBreakerError as exc:
-        raise UpstreamError("circuit_open", str(exc), retry_after=breaker.seconds_to_trial() or 1.0) from exc
-    except _FailedStatus as failed:
-        return failed.resp
+        resp = await call()
+    except asyncio.CancelledError:
+        raise  # a request that went away says nothing about the upstream
+    except UpstreamError as exc:
+        if exc.kind not in ("circuit_open",):
+            shared.record(failed=True)
+        raise
+    except Exception:
+        shared.record(failed=True)
+        raise
+    if resp.status in failure_statuses:
+        own.record(failed=True)
+        if shared.failing_tenants(own.tenant or ANONYMOUS) >= 2:
+            shared.record(failed=True)
+    else:
+        own.record(failed=False)
+        shared.record(failed=False)
     return resp
 
 

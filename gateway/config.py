@@ -18,6 +18,8 @@ from pydantic import (
     model_validator,
 )
 
+from exports_common import dev_mode
+from exports_common.connection_limits import ConnectionLimits, networks
 from exports_common.otel import TracingConfig
 from gateway.plugins import PLUGINS
 
@@ -143,6 +145,8 @@ class TenantConfig(Strict):
 
 class SigningConfig(Strict):
     secrets: list[str] = Field(min_length=1, description="the first signs; all verify (rotation)")
+    max_link_ttl_sec: int = Field(259_200, ge=60, description="a link expiring later than now + this is refused "
+                                                                "(403); links are signed to expire no later")
 
     @field_validator("secrets")
     @classmethod
@@ -156,8 +160,16 @@ class GatewayConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    public_base_url: str = Field("", description="base of links the gateway hands out; empty: from the request")
+    public_base_url: str = Field("", pattern=r"^(https?://[^/\s?#]+(/[^\s?#]*)?)?$",
+                                 description="base of the links the gateway hands out; required outside dev mode "
+                                             "(in dev mode, empty: a trusted proxy's forwarded host, else the "
+                                             "gateway's own address)")
+    trusted_proxies: list[str] = Field(default_factory=list, description="CIDRs whose Forwarded / X-Forwarded-* "
+                                       "headers are believed; anyone else's are dropped")
     max_header_bytes: int = Field(8192, ge=1024, le=65536, description="larger request headers get 431")
+    connection_limits: ConnectionLimits = Field(default_factory=ConnectionLimits)
+    metrics_auth: Literal["none", "admin_token"] = Field(
+        "none", description="admin_token: /metrics wants the admin token like /admin/*")
     state_dir: str = ".data/gateway"
     redis_url: str = Field("", description="empty: memory and a local file; set: state shared through Redis")
     redis_prefix: str = "gw"
@@ -168,6 +180,28 @@ class GatewayConfig(Strict):
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     access_log: bool = Field(False, description="one JSON line per request (logger gateway.access)")
     routes: list[RouteConfig]
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        networks(value)
+        return value
+
+    def unsafe_defaults(self) -> list[str]:
+        """What makes this config unfit outside dev mode, each with what to set instead."""
+        problems = []
+        if not self.public_base_url:
+            problems.append("public_base_url is empty: set GATEWAY_PUBLIC_URL to the URL clients reach the gateway at")
+        if self.admin_token == dev_mode.DEV_ADMIN_TOKEN:
+            problems.append("admin_token is the published default: set GATEWAY_ADMIN_TOKEN to a random secret")
+        if dev_mode.DEV_SIGNING_SECRET in self.download_signing.secrets:
+            problems.append("download_signing.secrets holds the published dev secret: set DOWNLOAD_SIGNING_SECRET "
+                            "(the same value in the backend's config)")
+        for tenant, conf in self.tenants.items():
+            if dev_mode.DEMO_KEY_HASHES & {h.lower() for h in conf.api_key_hashes}:
+                problems.append(f"tenants.{tenant} accepts a published demo API key: replace its api_key_hashes "
+                                "(python -m gateway hash-key <new key>)")
+        return problems
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

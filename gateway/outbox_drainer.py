@@ -11,6 +11,7 @@ import os
 import socket
 from typing import Callable
 
+from exports_common.errors import ApiError
 from gateway.breakers import guarded
 from gateway.outbox_store import OutboxItem
 from gateway.response import GatewayResponse
@@ -66,9 +67,9 @@ class OutboxDrainer:
 
         breaker = services.breakers.by_upstream.get(item.upstream)
         try:
-            resp = await (guarded(breaker, call, FAILURE_STATUSES) if breaker else call())
+            resp = await (guarded(breaker, call, FAILURE_STATUSES, item.tenant) if breaker else call())
             await resp.read()
-        except UpstreamError as exc:
+        except (UpstreamError, ApiError) as exc:  # ApiError: the tenant's own breaker is open
             log.info("outbox delivery deferred", extra={"task_id": item.task_id, "error": str(exc)})
             return False
         if resp.status >= 500:

@@ -1,7 +1,8 @@
 """The last handler of every chain: sends the request upstream and streams the answer back.
 
 Hop-by-hop headers are dropped both ways; the headers the upstream trusts
-(tenant, task id, attempt) come only from plugins, never from the client.
+(tenant, task id, attempt) come only from plugins, never from the client, and
+forwarding headers only from a trusted proxy.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from opentelemetry import trace
 from exports_common.errors import ApiError, ErrorKind
 from gateway import telemetry
 from gateway.context import RequestContext
+from gateway.forwarding import TrustedProxies, is_forwarding
 from gateway.response import GatewayResponse
 from gateway.services import Services, Upstream
 from gateway.upstream import Endpoint, Timeouts, UpstreamError
@@ -26,8 +28,7 @@ HOP_BY_HOP = frozenset({
 })
 # set by the gateway alone; a client's copy is dropped
 GATEWAY_OWNED = frozenset({
-    "x-tenant-id", "x-task-id", "x-gateway-attempt", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host",
-    "x-request-id", "authorization", "traceparent", "tracestate",
+    "x-tenant-id", "x-task-id", "x-gateway-attempt", "x-request-id", "authorization", "traceparent", "tracestate",
 })
 
 
@@ -36,17 +37,33 @@ def _dropped(headers: list[tuple[str, str]], extra: frozenset[str]) -> set[str]:
     return set(HOP_BY_HOP) | named | set(extra)
 
 
-def upstream_headers(ctx: RequestContext) -> list[tuple[str, str]]:
-    incoming = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in ctx.request.scope["headers"]]
+def upstream_headers(ctx: RequestContext, trusted: TrustedProxies) -> list[tuple[str, str]]:
+    """The client's headers minus hop-by-hop, gateway-owned and (from an untrusted peer) forwarding ones.
+
+    A name is judged with `_` read as `-`: servers such as uvicorn and WSGI ones fold
+    `X_Tenant_Id` into `X-Tenant-Id`, so a client's underscore spelling must not slip by.
+    """
+    scope = ctx.request.scope
+    incoming = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
     drop = _dropped(incoming, GATEWAY_OWNED)
-    out = [(k, v) for k, v in incoming if k not in drop]
+    from_proxy = trusted.trusts(scope)
+    out, chain = [], ""
+    for key, value in incoming:
+        name = key.replace("_", "-")
+        if name in drop or (is_forwarding(name) and not from_proxy):
+            continue
+        if name == "x-forwarded-for":
+            chain = f"{value}, "
+            continue
+        out.append((key, value))
     client = ctx.request.client
     out += [
-        ("x-forwarded-for", client.host if client else ""),
-        ("x-forwarded-proto", ctx.request.scope.get("scheme", "http")),
-        ("x-forwarded-host", ctx.request.headers.get("host", "")),
+        ("x-forwarded-for", chain + (client.host if client else "")),
         ("x-request-id", ctx.request_id),
     ]
+    if not from_proxy:
+        out += [("x-forwarded-proto", scope.get("scheme", "http")),
+                ("x-forwarded-host", ctx.request.headers.get("host", ""))]
     out += list(ctx.upstream_headers.items())
     carrier: dict[str, str] = {}
     telemetry.inject(carrier)
@@ -110,7 +127,8 @@ class Proxy:
 
     async def _send(self, ctx: RequestContext, url: str, body: bytes | LimitedBody | None) -> GatewayResponse:
         timeouts = self._timeouts(ctx)
-        send = self.services.client.request(ctx.method, url, upstream_headers(ctx), body, timeouts)
+        headers = upstream_headers(ctx, self.services.trusted_proxies)
+        send = self.services.client.request(ctx.method, url, headers, body, timeouts)
         if ctx.deadline is None:
             return await send
         try:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from exports_common.signing import DownloadSigner
 from gateway.config import GatewayConfig, RouteConfig, UpstreamConfig, plugin_of
 from gateway.context import Handler
+from gateway.forwarding import TrustedProxies
 from gateway.plugins import PLUGINS
 from gateway.proxy import Proxy
 from gateway.router import Router
@@ -54,9 +55,10 @@ def build_runtime(config: GatewayConfig, services: Services) -> Runtime:
     services = dataclasses.replace(
         services,
         tenants=TenantDirectory({t: c.api_key_hashes for t, c in config.tenants.items()}),
-        signer=DownloadSigner(config.download_signing.secrets),
+        signer=DownloadSigner(config.download_signing.secrets, config.download_signing.max_link_ttl_sec),
         upstreams=upstreams_of(config, services.metrics),
         public_base_url=config.public_base_url.rstrip("/"),
+        trusted_proxies=TrustedProxies(config.trusted_proxies),
     )
     chains = {route.name: build_chain(route, services) for route in config.routes}
     return Runtime(config, services, Router(config.routes), chains)

@@ -8,6 +8,7 @@ import redis.asyncio as aioredis
 
 from exports_common.signing import DownloadSigner
 from gateway.breakers import Breakers
+from gateway.forwarding import TrustedProxies
 from gateway.kv import KeyValue, MemoryKV, RedisKV, SqliteKV
 from gateway.outbox_store import OutboxStore, RedisOutbox, SqliteOutbox
 from gateway.retry_budget import RetryBudgets
@@ -57,6 +58,7 @@ class Services:
     breakers: Breakers
     retry_budgets: RetryBudgets = field(default_factory=RetryBudgets)
     public_base_url: str = ""
+    trusted_proxies: TrustedProxies = field(default_factory=TrustedProxies)
 
     @property
     def status_cache(self) -> KeyValue:

@@ -12,6 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from exports_common.dev_mode import DEV_ADMIN_TOKEN, DEV_PUBLIC_URL
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -30,7 +32,12 @@ def wait_healthy(what: str, url: str, proc: subprocess.Popen[bytes], timeout: fl
 
 
 def main() -> int:
-    env = dict(os.environ)
+    # dev mode: the published demo secrets are accepted, which no exposed process may do
+    env = dict(os.environ, EXPORTS_DEV="1")
+    env.setdefault("GATEWAY_PUBLIC_URL", DEV_PUBLIC_URL)
+    print(f"make run: DEV MODE is on (EXPORTS_DEV=1): the published demo keys and secrets are accepted and links "
+          f"point at {env['GATEWAY_PUBLIC_URL']}. Never expose this stack; see the README's security section.",
+          flush=True)
     procs = [
         ("backend", "http://127.0.0.1:8081", ["-m", "backend_stub", "run", "--config", "config/backend.yaml"]),
         ("gateway", "http://127.0.0.1:8080", ["-m", "gateway", "run", "--config", "config/gateway.yaml"]),
@@ -41,14 +48,14 @@ def main() -> int:
             proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env)
             started.append(proc)
             wait_healthy(f"{name} at {url}", url, proc)
-        admin = env.get("GATEWAY_ADMIN_TOKEN", "admin-change-me")
+        admin = env.get("GATEWAY_ADMIN_TOKEN", DEV_ADMIN_TOKEN)
         print(f"""
-Export gateway is up.
+Export gateway is up (DEV MODE).
   gateway:  http://127.0.0.1:8080   (public API under /api/v1/exports, /metrics, /admin/*)
   backend:  http://127.0.0.1:8081
   demo API keys:  demo -> demo-key-change-me    demo2 -> demo2-key-change-me
   admin token:    {admin}
-  CHANGE the keys, the admin token and DOWNLOAD_SIGNING_SECRET before exposing the gateway.
+  These are published: outside dev mode both processes refuse to start with them.
 
 Try:
   curl -s -X POST http://127.0.0.1:8080/api/v1/exports -H 'Authorization: Bearer demo-key-change-me' \\

@@ -53,7 +53,8 @@ def start_stack(start: Callable[..., Service], workdir: Path, public_base_url: s
     secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
     backend = start("backend_stub", backend_config(
         workdir, callbacks={"allow_networks": ["127.0.0.0/8"], "secrets": {"demo": [secret]}}))
-    config = gateway_config(workdir, backend.url, public_base_url=public_base_url)
+    # the suite runs in production mode: every gateway has a public URL, its own unless one is given
+    config = gateway_config(workdir, backend.url, **({"public_base_url": public_base_url} if public_base_url else {}))
     config["routes"] = misbehaving_routes(config["routes"])
     return ClientStack(backend, start("gateway", config), secret)
 

@@ -1,17 +1,27 @@
 from __future__ import annotations
 
+import base64
 import contextlib
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.procs import RedisServer, Service, load_default, merge
+from gateway.tenants import hash_key
+from tests.procs import RedisServer, Service, free_port, load_default, merge
 
-DEMO_KEY = "demo-key-change-me"
-DEMO2_KEY = "demo2-key-change-me"
-ADMIN_TOKEN = "admin-change-me"
+# The suite runs in production mode: secrets are generated for each session (never the published
+# ones, which both processes refuse outside dev mode) and every gateway has a public_base_url.
+DEMO_KEY = secrets.token_urlsafe(24)
+DEMO2_KEY = secrets.token_urlsafe(24)
+ADMIN_TOKEN = secrets.token_urlsafe(24)
+SIGNING_SECRET = secrets.token_urlsafe(32)
+WEBHOOK_SECRETS = {tenant: "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+                   for tenant in ("demo", "demo2")}
+# the public URL the backend's callback links use (the gateways of the tests each have their own)
+PUBLIC_URL = "https://exports.example.test"
 
 # Export types the tests add to the default ones: slow, flaky and broken on purpose.
 TEST_EXPORT_TYPES: dict[str, Any] = {
@@ -35,17 +45,24 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 def backend_config(workdir: Path, redis_url: str = "", **override: Any) -> dict[str, Any]:
     base = merge(load_default("backend.yaml"), {
-        "data_dir": str(workdir / "backend-data"), "redis_url": redis_url, "progress_interval_sec": 0.1,
+        "port": 0, "data_dir": str(workdir / "backend-data"), "redis_url": redis_url, "progress_interval_sec": 0.1,
         "export_types": TEST_EXPORT_TYPES, "log_level": "info",
+        "callbacks": {"secrets": {tenant: [secret] for tenant, secret in WEBHOOK_SECRETS.items()}},
+        "download_links": {"base_url": PUBLIC_URL, "secrets": [SIGNING_SECRET]},
     })
     return merge(base, override)
 
 
 def gateway_config(workdir: Path, backend_url: str, redis_url: str = "", **override: Any) -> dict[str, Any]:
     base = load_default("gateway.yaml")
+    port = free_port()  # known before the start, so that the public URL can name it
     base = merge(base, {
+        "port": port, "public_base_url": f"http://127.0.0.1:{port}",
         "state_dir": str(workdir / "gateway-state"), "redis_url": redis_url,
-        "upstreams": {"exports": {"url": backend_url}}, "public_base_url": "",
+        "upstreams": {"exports": {"url": backend_url}},
+        "admin_token": ADMIN_TOKEN, "download_signing": {"secrets": [SIGNING_SECRET]},
+        "tenants": {"demo": {"api_key_hashes": [hash_key(DEMO_KEY)]},
+                    "demo2": {"api_key_hashes": [hash_key(DEMO2_KEY)]}},
     })
     for route in base["routes"]:
         for plugin in route["plugins"]:

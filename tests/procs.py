@@ -64,7 +64,8 @@ class Service:
         self.config = config
         self.workdir = workdir
         self.name = name
-        self.port = free_port()
+        # a config may name its port in advance (a gateway whose public URL names it); 0 picks a free one
+        self.port = int(config.get("port") or 0) or free_port()
         self.config["port"] = self.port
         self.url = f"http://127.0.0.1:{self.port}"
         self.config_path = workdir / f"{name}.yaml"

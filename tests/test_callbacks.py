@@ -9,12 +9,12 @@ from typing import Any, Callable
 import httpx
 
 from exports_common import webhooks
-from tests.conftest import DEMO_KEY, backend_config, gateway_config
+from tests.conftest import DEMO_KEY, PUBLIC_URL, WEBHOOK_SECRETS, backend_config, gateway_config
 from tests.helpers import backend_create, backend_task, wait_status
 from tests.procs import Service, wait_until
 from tests.receiver import Receiver
 
-SECRET = "whsec_iCl0WN940QaVoCJovUTAq++Q04VVO3U5"  # demo's, from config/backend.yaml
+SECRET = WEBHOOK_SECRETS["demo"]
 LOOPBACK = {"allow_networks": ["127.0.0.0/8"]}
 
 
@@ -40,7 +40,7 @@ def test_completed_task_is_delivered_signed(services: Callable[..., Service], tm
     body = json.loads(got.body)
     assert body["task_id"] == task_id and body["status"] == "COMPLETED" and body["callback_seq"] == 1
     assert body["attempt"] == 1 and body["error"] is None and body["expire_at"].endswith("Z")
-    assert body["download_url"].startswith(f"http://127.0.0.1:8080/api/v1/exports/{task_id}/download?expires=")
+    assert body["download_url"].startswith(f"{PUBLIC_URL}/api/v1/exports/{task_id}/download?expires=")
     assert callback_state(backend, task_id) == {"state": "DELIVERED", "attempts": 1, "last_error": None}
 
 

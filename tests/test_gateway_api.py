@@ -18,6 +18,7 @@ from tests.conftest import (
     ADMIN_TOKEN,
     DEMO2_KEY,
     DEMO_KEY,
+    SIGNING_SECRET,
     backend_config,
     gateway_config,
 )
@@ -25,7 +26,6 @@ from tests.helpers import TERMINAL, assert_envelope_error, upstream_calls, wait_
 from tests.procs import Service, wait_until
 
 API = "/api/v1/exports"
-SECRET = "dev-signing-secret-change-me"
 
 
 class Stack:
@@ -140,7 +140,7 @@ def test_signed_download_range_tamper_and_expiry(stack: Stack) -> None:
     swapped = url.replace(task_id, other)
     assert_envelope_error(anonymous.get(swapped), 403, 40300)
     past = int(time.time()) - 10
-    past_sig = DownloadSigner([SECRET]).sign(task_id, past)
+    past_sig = DownloadSigner([SIGNING_SECRET]).sign(task_id, past)
     expired = f"{stack.gateway.url}{API}/{task_id}/download?expires={past}&sig={past_sig}"
     assert_envelope_error(anonymous.get(expired), 410, 41000)
     assert expires > time.time()
@@ -358,7 +358,7 @@ def test_ops_endpoints(stack: Stack) -> None:
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         routes = c.get("/admin/routes", headers=admin).json()["data"]
         assert {r["name"] for r in routes["routes"]} >= {"submit", "status", "cancel", "download", "list"}
-        assert routes["admin_token"] == "***" and SECRET not in str(routes)
+        assert routes["admin_token"] == "***" and SIGNING_SECRET not in str(routes)
         stats = c.get("/admin/stats", headers=admin).json()["data"]
         assert stats["status_cache"]["hits"] >= 1 and stats["outbox"]["pending"] == 0
         assert stats["retry_budget"]["exports"]["requests_in_flight"] == 0

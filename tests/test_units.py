@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from exports_common import webhooks
+from exports_common.errors import ApiError
 from exports_common.netpolicy import AddressPolicy, refusal
 from exports_common.otel import TracingConfig
 from exports_common.signing import DownloadSigner
@@ -119,9 +120,11 @@ async def test_a_cancelled_request_is_no_failure_and_a_trial_runs_to_its_end_to_
     await _cancelled(await _call_in_flight(breaker, loop.create_future()))
     assert breaker.state == "closed"  # fail_max 1: counted as a failure, it would have opened the breaker
 
-    failing: asyncio.Future[GatewayResponse] = loop.create_future()
-    failing.set_result(GatewayResponse(503))
-    assert (await guarded(breaker, lambda: failing, frozenset({503}))).status == 503
+    async def reset() -> GatewayResponse:
+        raise UpstreamError("reset", "connection reset by the upstream")
+
+    with pytest.raises(UpstreamError):
+        await guarded(breaker, reset, frozenset({503}))
     assert breaker.state == "open"
     deadline = loop.time() + 5
     while breaker.seconds_to_trial() > 0 and loop.time() < deadline:
@@ -139,3 +142,26 @@ async def test_a_cancelled_request_is_no_failure_and_a_trial_runs_to_its_end_to_
     await asyncio.wait_for(released.wait(), 5)  # nobody reads the trial's answer: its connection goes back
     assert breaker.state == "closed"
     assert not breaker.trial_in_flight
+
+
+async def test_one_tenants_failure_statuses_open_its_own_breaker_two_tenants_open_the_shared_one() -> None:
+    metrics, _ = telemetry.setup("test", TracingConfig())
+    breaker = Breaker("u", fail_max=3, reset_timeout=30, metrics=metrics)
+
+    async def failing() -> GatewayResponse:
+        return GatewayResponse(500)
+
+    async def fine() -> GatewayResponse:
+        return GatewayResponse(200)
+
+    for _ in range(3):
+        assert (await guarded(breaker, failing, frozenset({500}), "a")).status == 500
+    with pytest.raises(ApiError) as refused:
+        await guarded(breaker, fine, frozenset({500}), "a")
+    assert refused.value.kind.status == 503 and refused.value.data == {"reason": "tenant_circuit_open"}
+    assert breaker.state == "closed" and breaker.describe()["tenants"]["a"]["state"] == "open"  # type: ignore[index]
+    assert (await guarded(breaker, fine, frozenset({500}), "b")).status == 200
+
+    for _ in range(3):  # a second tenant failing too: now the upstream looks unwell
+        await guarded(breaker, failing, frozenset({500}), "b")
+    assert breaker.state == "open"

@@ -1,8 +1,11 @@
-"""circuit_breaker: one breaker per upstream; while it is open, calls fail at once without touching it.
+"""circuit_breaker: one breaker per upstream, and one per tenant; while open, calls fail at once.
 
-`fail_max` consecutive failures open it; after `reset_timeout_sec` one trial
+`fail_max` consecutive failures open a breaker; after `reset_timeout_sec` one trial
 request goes through (the others are refused at once) and its success closes it.
-Failures are connect errors, timeouts, resets and the listed statuses; a 4xx
+Connect errors, timeouts and resets count toward the upstream's shared breaker.
+A listed status counts toward the calling tenant's own breaker, and toward the
+shared one only while at least two tenants see such statuses within `window_sec`
+(gateway/breakers.py): one tenant cannot open the breaker for everyone. A 4xx
 never counts, and neither does a client that goes away.
 """
 from __future__ import annotations
@@ -22,6 +25,8 @@ class CircuitBreakerSettings(Settings):
     fail_max: int = Field(5, ge=1, description="consecutive failures that open the breaker")
     reset_timeout_sec: float = Field(10.0, gt=0, description="how long it stays open before one trial")
     failure_statuses: list[int] = Field(default_factory=lambda: [500, 502, 503, 504])
+    window_sec: float = Field(10.0, gt=0, description="failure statuses of two tenants within this reach the "
+                                                      "shared breaker")
 
     @field_validator("failure_statuses")
     @classmethod
@@ -46,5 +51,5 @@ class CircuitBreaker:
         breaker = self.breaker
         if breaker is None:  # a route has one upstream; after a reload, its first call applies the new settings
             breaker = self.breaker = self.breakers.get(ctx.upstream, self.settings.fail_max,
-                                                       self.settings.reset_timeout_sec)
-        return await guarded(breaker, lambda: self.next(ctx), self.failures)
+                                                       self.settings.reset_timeout_sec, self.settings.window_sec)
+        return await guarded(breaker, lambda: self.next(ctx), self.failures, ctx.tenant)

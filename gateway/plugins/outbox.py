@@ -50,6 +50,7 @@ class Outbox:
         self.next = next
         self.settings = settings
         self.store = services.outbox
+        self.trusted = services.trusted_proxies
         self.metrics = services.metrics
         self.route = route
 
@@ -69,7 +70,7 @@ class Outbox:
         if self.settings.mode == "reject" or ctx.task_id is None or ctx.tenant is None:
             self.metrics.degraded.add(self.route, "reject")
             raise unavailable("the export service is unavailable", retry_after or self.settings.retry_after_sec)
-        headers = [(k, v) for k, v in upstream_headers(ctx) if k != "x-gateway-attempt"]
+        headers = [(k, v) for k, v in upstream_headers(ctx, self.trusted) if k != "x-gateway-attempt"]
         item = new_item(ctx.task_id, ctx.tenant, ctx.upstream, ctx.method, ctx.upstream_path, headers,
                         ctx.body or b"")
         await self.store.put(item)

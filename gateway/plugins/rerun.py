@@ -77,7 +77,8 @@ class Rerun:
         upstream = self.services.upstreams[ctx.upstream]
         url = upstream.url + self.settings.path.format(task_id=ctx.params.get(self.settings.param, ""))
         body = json.dumps({"expected_attempt": task["attempt"], "overrides": self.overrides}).encode()
-        headers = [h for h in upstream_headers(ctx) if h[0] != "content-type"] + [("content-type", "application/json")]
+        forwarded = upstream_headers(ctx, self.services.trusted_proxies)
+        headers = [h for h in forwarded if h[0] != "content-type"] + [("content-type", "application/json")]
         try:
             answer = await self.services.client.request("POST", url, headers, body, ctx.timeouts or upstream.timeouts)
             doc = json.loads(await answer.read())

@@ -2,7 +2,8 @@
 
 `sign` rewrites `result.download_url` in task answers (single task or list) into
 `<public base><path>?expires=<unix>&sig=<hmac>`. `verify` (on the download route)
-answers 403 for a missing or wrong signature and 410 past the expiry, before any
+answers 403 for a missing or wrong signature or an expiry beyond
+`download_signing.max_link_ttl_sec` from now, and 410 past the expiry, before any
 upstream call; the file then streams from the upstream, Range requests included.
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ class SignedDownload:
         doc = await resp.json() if resp.status in (200, 409) else None
         data = doc.get("data") if isinstance(doc, dict) else None
         if isinstance(data, dict):
-            base = self.services.public_base_url or str(ctx.request.base_url).rstrip("/")
+            base = self.services.trusted_proxies.link_base(ctx.request.scope, self.services.public_base_url)
             items = data.get("items")
             tasks = items if isinstance(items, list) else [data]
             if sum(self._sign(task, base) for task in tasks):
@@ -56,7 +57,7 @@ class SignedDownload:
         if not isinstance(result, dict) or not result.get("download_url") or not result.get("expire_at"):
             return False
         task_id = task["task_id"]
-        expires = int(parse_rfc3339(result["expire_at"]))
+        expires = self.services.signer.expiry(parse_rfc3339(result["expire_at"]))
         sig = self.services.signer.sign(task_id, expires)
         result["download_url"] = f"{base}{self.settings.path.format(task_id=task_id)}?expires={expires}&sig={sig}"
         return True
