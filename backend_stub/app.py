@@ -5,7 +5,11 @@ import asyncio
 import contextlib
 from typing import AsyncIterator
 
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from backend_stub import janitor
 from backend_stub.api import BackendApi
@@ -15,7 +19,9 @@ from backend_stub.files import ResultFiles
 from backend_stub.http_fault import HttpFault, RequestCounter
 from backend_stub.store import open_store
 from backend_stub.worker import Workers
-from exports_common.envelope import exception_handlers
+from exports_common.envelope import error_response, exception_handlers, ok
+from exports_common.errors import unavailable
+from exports_common.redis_client import store_unavailable
 
 
 def create_app(config: BackendConfig) -> HttpFault:
@@ -38,7 +44,21 @@ def create_app(config: BackendConfig) -> HttpFault:
             await workers.stop()
             await store.close()
 
+    async def readyz(request: Request) -> Response:
+        """Ready when the store answers: a backend that cannot reach it should get no traffic (/healthz: alive)."""
+        try:
+            await asyncio.wait_for(store.ping(), 2.0)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            return error_response(unavailable(f"not ready: the store does not answer ({type(exc).__name__})", 2))
+        return ok({"status": "ready"})
+
+    async def redis_failed(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RedisError)
+        return error_response(store_unavailable(exc))
+
     counter = RequestCounter()
     api = BackendApi(config, store, files, counter)
-    app = Starlette(routes=api.routes(), lifespan=lifespan, exception_handlers=exception_handlers())
+    handlers = {**exception_handlers(), RedisError: redis_failed}
+    app = Starlette(routes=[*api.routes(), Route("/readyz", readyz, methods=["GET"])], lifespan=lifespan,
+                    exception_handlers=handlers)
     return HttpFault(app, config.http_fault, counter)

@@ -31,6 +31,8 @@ class ErrorKind(Enum):
     HEADERS_TOO_LARGE = (43100, 431, "the request headers are too large")
     VALIDATION = (42200, 422, "the request is invalid")
     IDEMPOTENCY_KEY_REUSED = (42201, 422, "this Idempotency-Key was used with a different body; use a new key")
+    IDEMPOTENCY_QUOTA = (42910, 429, "this tenant holds its maximum number of Idempotency-Keys; retry after "
+                                     "older ones expire (Retry-After), or submit without the header")
     INTERNAL = (50000, 500, "internal error; the request was not applied, retry later")
     UPSTREAM_UNREACHABLE = (50200, 502, "the upstream service could not be reached; retry later")
     UNAVAILABLE = (50300, 503, "the service is temporarily unavailable; retry after the time in Retry-After")

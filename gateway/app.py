@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import AsyncIterator
 from urllib.parse import urlsplit
 
-import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,6 +29,7 @@ from exports_common.config_loader import ConfigError, load_model
 from exports_common.envelope import exception_handlers, ok
 from exports_common.errors import ApiError, ErrorKind, unavailable
 from exports_common.jsonlog import task_id_var, trace_id_var
+from exports_common.redis_client import store_unavailable
 from exports_common.signing import DownloadSigner
 from gateway import openapi, telemetry
 from gateway.breakers import STATES, Breakers
@@ -37,7 +38,7 @@ from gateway.context import RequestContext
 from gateway.outbox_drainer import OutboxDrainer
 from gateway.response import GatewayResponse
 from gateway.runtime import Runtime, build_runtime, upstreams_of
-from gateway.services import Services, open_state
+from gateway.services import Services, open_redis, open_state
 from gateway.tenants import TenantDirectory
 from gateway.upstream import AiohttpUpstream, UpstreamError
 
@@ -88,7 +89,7 @@ class Gateway:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         config = self.initial_config
         metrics, tracing = telemetry.setup("gateway", config.tracing.exporter, config.tracing.sample_ratio)
-        redis = aioredis.Redis.from_url(config.redis_url) if config.redis_url else None
+        redis = open_redis(config.redis_url)
         pool = max(u.pool_size for u in config.upstreams.values())
         services = Services(
             client=AiohttpUpstream(pool), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
@@ -193,6 +194,9 @@ class Gateway:
             if exc.kind != "circuit_open":  # an open breaker is logged when it opens, not for every refusal
                 log.warning("upstream failed", extra={"route": ctx.route_name, "error": str(exc)})
             return upstream_error(exc)
+        except RedisError as exc:
+            log.warning("shared state unavailable; answered 503", extra={"route": ctx.route_name, "error": str(exc)})
+            return GatewayResponse.error(store_unavailable(exc))
         except Exception:
             log.exception("request failed inside the gateway", extra={"route": ctx.route_name})
             return GatewayResponse.error(ApiError(ErrorKind.INTERNAL))
@@ -220,6 +224,12 @@ class Gateway:
                 await asyncio.wait_for(loop.getaddrinfo(host, None, type=socket.SOCK_STREAM), 2.0)
             except (OSError, asyncio.TimeoutError):
                 problems.append(f"upstream {name}: cannot resolve {host}")
+        redis = self.runtime.services.state.redis
+        if redis is not None:
+            try:
+                await asyncio.wait_for(redis.ping(), 2.0)
+            except (RedisError, asyncio.TimeoutError) as exc:
+                problems.append(f"redis: {type(exc).__name__}")
         if problems:
             raise ApiError(ErrorKind.UNAVAILABLE, "not ready: " + "; ".join(problems), data={"problems": problems},
                            headers={"Retry-After": "5"})
