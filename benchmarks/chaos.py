@@ -86,7 +86,7 @@ class Stack:
 
     def restart_backend(self, i: int) -> None:
         self.incarnation[i] += 1
-        self.backends[i].start()
+        self.backends[i].start(timeout=60)  # a loaded two-core machine starts Python slowly
 
 
 @dataclass
@@ -184,7 +184,7 @@ def _scenarios(at: float) -> dict[str, Fault]:
 
     async def gateway_kill(stack: Stack) -> float:
         await _later(at, stack.gateways[0].kill)
-        await _later(4, lambda: stack.gateways[0].start())
+        await _later(4, lambda: stack.gateways[0].start(timeout=60))
         return time.monotonic()
 
     async def redis_stall(stack: Stack) -> float:

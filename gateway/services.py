@@ -34,8 +34,8 @@ class StateStores:
 
 
 def open_redis(url: str) -> aioredis.Redis | None:
-    """The gateway's client: a command waits at most 1 s, and is retried on a fresh connection (see connect)."""
-    return connect(url, socket_timeout=1.0) if url else None
+    """The gateway's client: bounded waits, one retry on a fresh connection (see connect)."""
+    return connect(url) if url else None
 
 
 def open_state(redis: aioredis.Redis | None, prefix: str, state_dir: str) -> StateStores:

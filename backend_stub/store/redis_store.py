@@ -36,8 +36,9 @@ log = logging.getLogger("backend.store")
 
 class RedisTaskStore:
     def __init__(self, url: str, prefix: str) -> None:
-        # a blocking read waits up to CLAIM_BLOCK_SEC, well inside the socket timeout
-        self.redis = connect(url, socket_timeout=3.0, decode_responses=True)
+        self.redis = connect(url, decode_responses=True)
+        # the queue's blocking read waits up to CLAIM_BLOCK_SEC: it gets a client whose timeout allows that
+        self.blocking = connect(url, socket_timeout=CLAIM_BLOCK_SEC + 1.0, decode_responses=True)
         self.prefix = "{" + prefix + "}"
         self.stream = f"{self.prefix}:queue"
         self.expiry = f"{self.prefix}:expiry"
@@ -61,6 +62,7 @@ class RedisTaskStore:
 
     async def close(self) -> None:
         await self.redis.aclose()
+        await self.blocking.aclose()
 
     def _stage_write(self, pipe: Any, task: Task) -> None:
         pipe.set(self._task_key(task.task_id), task.to_json())
@@ -165,7 +167,7 @@ class RedisTaskStore:
         _, claimed, _ = await self.redis.xautoclaim(self.stream, _GROUP, consumer, lease_ms, "0-0", count=1)
         entries = [(eid, fields) for eid, fields in claimed if fields]
         if not entries:
-            reply = await self.redis.xreadgroup(
+            reply = await self.blocking.xreadgroup(
                 _GROUP, consumer, {self.stream: ">"}, count=1, block=max(1, int(wait_sec * 1000))
             )
             entries = reply[0][1] if reply else []
