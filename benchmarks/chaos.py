@@ -313,11 +313,14 @@ def _starts_by_process(stack: Stack) -> dict[str, list[tuple[int, int]]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenarios", nargs="*", choices=[*SCENARIOS, []], default=list(SCENARIOS))
+    parser.add_argument("scenarios", nargs="*", help=f"any of {', '.join(SCENARIOS)} (default: all)")
     parser.add_argument("--rate", type=float, default=4.0, help="submissions per second")
     parser.add_argument("--seconds", type=float, default=12.0, help="how long to submit")
     parser.add_argument("--fault-at", type=float, default=3.0, help="seconds into the run")
     args = parser.parse_args()
+    unknown = set(args.scenarios) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
     print(HEADER, flush=True)
     for name in args.scenarios or SCENARIOS:
         print(run_scenario(name, args.rate, args.seconds, args.fault_at).row(), flush=True)
