@@ -236,3 +236,21 @@ def test_outbox_is_drained_by_the_gateway_that_can_deliver(services: Callable[..
     created = [backend_task(b2.url, t, "demo")["created_at"] for t in order]
     assert created == sorted(created)  # delivered in the order the submissions were accepted
     assert b1.proc is not None and b1.proc.poll() is not None
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["redis", "sqlite"])
+def test_a_tenant_over_its_idempotency_key_cap_gets_429(services: Callable[..., Service], redis_server: RedisServer,
+                                                        tmp_path: Path, shared: bool) -> None:
+    backend = services("backend_stub", backend_config(tmp_path))
+    config = gateway_config(tmp_path, backend.url, redis_server.url if shared else "",
+                            redis_prefix=f"cap{time.time_ns()}")
+    submit = next(r for r in config["routes"] if r["name"] == "submit")
+    submit["plugins"] = [{"idempotency": {"ttl_sec": 86400, "max_keys_per_tenant": 2}} if p == "idempotency" or
+                         (isinstance(p, dict) and "idempotency" in p) else p for p in submit["plugins"]]
+    gateway = services("gateway", config)
+    ids = [_submit_until_id(gateway.url, f"cap-{n}") for n in range(2)]
+    over = httpx.post(gateway.url + API, json=BODY, headers=AUTH | {"Idempotency-Key": "cap-2"}, timeout=10)
+    assert over.status_code == 429 and over.json()["code"] == 42910 and over.headers["retry-after"], over.text
+    assert _submit_until_id(gateway.url, "cap-0") == ids[0]  # keys it holds still answer
+    plain = httpx.post(gateway.url + API, json=BODY, headers=AUTH, timeout=10)
+    assert plain.status_code == 202  # and it can still submit without a key
