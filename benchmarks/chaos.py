@@ -10,7 +10,9 @@ it gets an id, for up to a minute.
 
 Per scenario it prints: submitted; ids obtained; completed; lost (an id the client
 held that never completed, or went 404); duplicated (one key answered with two
-ids, or one task started twice although no process running it died); 500s (any
+ids, or one task started twice although no process running it died); re-run
+after a kill (a task started again because the backend process running it was
+killed: allowed, and each such task runs exactly twice); 500s (any
 5xx other than a 503 with Retry-After: the answers that are bugs); 503s with
 Retry-After (the designed answer while a dependency is down); and recovery (seconds
 from the end of the fault to the last failed client call).
@@ -41,7 +43,7 @@ AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
 EXPORT_TYPE = "chaos_export"
 # ~1.5 s per task: long enough that faults land on running exports
 EXPORT_TYPES = {EXPORT_TYPE: {"dataset": "orders", "rows": 5000, "seed": 11, "fault": {"delay_sec": 1.5}}}
-LEASE_SEC = 8.0
+LEASE_SEC = 15.0  # longer than the 10 s Redis stall: that stall must not run any task twice
 GIVE_UP_SEC = 60.0
 # the limiter (once it exists) still runs; a chaos client must not be rate limited
 LIMITS_ENV = {"TENANT_REQUESTS_PER_SEC": "10000", "TENANT_REQUESTS_BURST": "20000",
@@ -125,6 +127,12 @@ class Client:
                 self.tally.bad_5xx += 1
         return min(2.0, float(resp.headers.get("retry-after", "0.5")))
 
+    async def submit_and_follow(self, key: str, body: dict[str, Any]) -> None:
+        """Submit, then poll what it got until terminal: polls run while the faults do."""
+        await self.submit(key, body)
+        deadline = time.monotonic() + GIVE_UP_SEC
+        await asyncio.gather(*(self.wait_terminal(task_id, deadline) for task_id in self.tally.ids.get(key, ())))
+
     async def submit(self, key: str, body: dict[str, Any]) -> None:
         self.tally.submitted += 1
         self.tally.submitted_at[key] = time.monotonic()
@@ -162,6 +170,8 @@ class Client:
                     return
                 await asyncio.sleep(1.0)
                 continue
+            if resp.status_code == 404:
+                return  # forgotten: counted as lost
             await asyncio.sleep(self._classify(resp, "poll"))
 
 
@@ -224,6 +234,7 @@ class Outcome:
     completed: int
     lost: int
     duplicated: int
+    rerun_after_kill: int
     bad_5xx: int
     unavailable: int
     recovery_sec: float
@@ -231,11 +242,11 @@ class Outcome:
 
     def row(self) -> str:
         return (f"| {self.scenario} | {self.submitted} | {self.obtained} | {self.completed} | {self.lost} | "
-                f"{self.duplicated} | {self.bad_5xx} | {self.unavailable} | {self.recovery_sec:.1f} | {self.note} |")
+                f"{self.duplicated} | {self.rerun_after_kill} | {self.bad_5xx} | {self.unavailable} | {self.recovery_sec:.1f} | {self.note} |")
 
 
-HEADER = ("| scenario | submitted | ids obtained | completed | lost | duplicated | 500s | 503 + Retry-After | "
-          "recovery (s) | note |\n|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| scenario | submitted | ids obtained | completed | lost | duplicated | re-run after a kill | 500s | "
+          "503 + Retry-After | recovery (s) | note |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 @contextlib.contextmanager
@@ -256,13 +267,10 @@ async def _drive(stack: Stack, fault: Fault, rate: float, seconds: float) -> tup
     fault_task = asyncio.create_task(fault(stack))
     for n in range(int(rate * seconds)):
         body = {"export_type": EXPORT_TYPE, "format": "csv"}
-        submits.append(asyncio.create_task(client.submit(f"chaos-{run}-{n}", body)))
+        submits.append(asyncio.create_task(client.submit_and_follow(f"chaos-{run}-{n}", body)))
         await asyncio.sleep(1 / rate)
     fault_end = await fault_task
     await asyncio.gather(*submits)
-    ids = {task_id for answered in tally.ids.values() for task_id in answered}
-    deadline = time.monotonic() + GIVE_UP_SEC
-    await asyncio.gather(*(client.wait_terminal(task_id, deadline) for task_id in ids))
     await client.http.aclose()
     return tally, fault_end
 
@@ -280,22 +288,27 @@ def run_scenario(name: str, rate: float, seconds: float, fault_at: float) -> Out
                       if tally.submitted_at[key] > fault_end}
         note = f"{len(ids - considered)} ids from before the restart are gone with Redis's data; not counted"
     lost = len(considered - tally.completed)
-    two_ids = sum(1 for answered in tally.ids.values() if len(answered) > 1)
+    two_ids = sum(1 for key, answered in tally.ids.items() if len(answered) > 1 and answered & considered)
     ran_twice = sum(1 for task_id, procs in starts.items()
                     if len(procs) > 1 and not any(p in stack.killed for p in procs[:-1]))
+    rerun_after_kill = sum(1 for procs in starts.values() if len(procs) > 1) - ran_twice
+    suspects = [k for k, answered in tally.ids.items() if len(answered) > 1 and answered & considered][:2] + [
+        t for t, procs in starts.items() if len(procs) > 1 and not any(p in stack.killed for p in procs[:-1])][:2]
+    if suspects:
+        note = (note + "; " if note else "") + "duplicated: " + ", ".join(suspects)
     errors_after = [t for t in tally.error_times if t > fault_end]
     recovery = max(errors_after) - fault_end if errors_after and name != "baseline" else 0.0
     return Outcome(name, tally.submitted, len(tally.ids), len(considered & tally.completed), lost,
-                   two_ids + ran_twice, tally.bad_5xx, tally.unavailable, recovery, note)
+                   two_ids + ran_twice, rerun_after_kill, tally.bad_5xx, tally.unavailable, recovery, note)
 
 
 def _starts_by_process(stack: Stack) -> dict[str, list[tuple[int, int]]]:
-    """Each task's starts, tagged with the backend process (index, incarnation) that made them.
+    """Each task's starts in time order, tagged with the backend process (index, incarnation) that made them.
 
     A backend's log file is appended to across restarts; uvicorn's "Started server
     process" line opens each incarnation.
     """
-    starts: dict[str, list[tuple[int, int]]] = {}
+    timed: dict[str, list[tuple[float, int, int]]] = {}
     for i, backend in enumerate(stack.backends):
         incarnation = -1
         for line in backend.log().splitlines():
@@ -307,8 +320,8 @@ def _starts_by_process(stack: Stack) -> dict[str, list[tuple[int, int]]]:
             if message.startswith("Started server process"):
                 incarnation += 1
             elif message == "task started" and record.get("task_id"):
-                starts.setdefault(record["task_id"], []).append((i, incarnation))
-    return starts
+                timed.setdefault(record["task_id"], []).append((float(record["ts"]), i, incarnation))
+    return {task_id: [(i, n) for _, i, n in sorted(runs)] for task_id, runs in timed.items()}
 
 
 def main() -> None:

@@ -179,7 +179,9 @@ class Idempotency:
                 if answer is not None:
                     return answer
                 self.metrics.idempotency.add(self.route, "taken_over")
-                claim = self._claim(fingerprint, record["task_id"], record["token"] + 1)
+                # a claim written before claims held task ids has none: it gets one now
+                task_id = record.get("task_id") or new_task_id(self.settings.task_id_prefix)
+                claim = self._claim(fingerprint, task_id, record.get("token", 0) + 1)
             if await _write(self.store, store_key, raw, claim.encode(), self.settings.ttl_sec):
                 return await self._first(ctx, store_key, claim)
         raise ApiError(ErrorKind.IDEMPOTENCY_IN_FLIGHT, headers={"Retry-After": "1"})
@@ -226,7 +228,7 @@ class Idempotency:
             self.metrics.idempotency.add(self.route, "mismatch")
             raise ApiError(ErrorKind.IDEMPOTENCY_KEY_REUSED, data={"field": self.settings.header})
         if record["state"] != "done":
-            wait = record["until"] - time.time()
+            wait = record.get("until", 0.0) - time.time()
             if wait <= 0:
                 return None
             self.metrics.idempotency.add(self.route, "in_flight")
@@ -235,7 +237,7 @@ class Idempotency:
         headers = [(k, v) for k, v in record["headers"]] + [("idempotent-replayed", "true")]
         if "body" in record:
             return GatewayResponse(record["status"], headers, base64.b64decode(record["body"]))
-        resp = GatewayResponse.envelope({"task_id": record["task_id"], "body_sha256": record["body_sha256"]},
+        resp = GatewayResponse.envelope({"task_id": record.get("task_id"), "body_sha256": record["body_sha256"]},
                                         status=record["status"])
         for name, value in headers:
             if name != "content-type":
