@@ -48,7 +48,7 @@ def create_app(config: BackendConfig) -> HttpFault:
         """Ready when the store answers: a backend that cannot reach it should get no traffic (/healthz: alive)."""
         try:
             await asyncio.wait_for(store.ping(), 2.0)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RedisError, OSError) as exc:
             return error_response(unavailable(f"not ready: the store does not answer ({type(exc).__name__})", 2))
         return ok({"status": "ready"})
 

@@ -24,13 +24,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, TypeVar
 
+from redis.exceptions import RedisError
+
 from backend_stub import lifecycle
 from backend_stub.config import BackendConfig
 from backend_stub.export_job import Cancelled, ExportJob, JobResult, TransientFailure
 from backend_stub.files import ResultFiles
 from backend_stub.models import COMPLETED, FAILED, RUNNING, TIMEOUT, Task, error_info
-from redis.exceptions import RedisError
-
 from backend_stub.store import Change, Lease, TaskStore
 from exports_common.jsonlog import task_id_var, trace_id_var
 
@@ -152,7 +152,7 @@ class Workers:
                         "discarded (another worker runs the task)", extra={"attempt": task.attempt, "error": str(exc)})
 
     async def _supervise(self, task: Task, lease: Lease, consumer: str, job: ExportJob,
-                         future: "asyncio.Future[JobResult]", held: Held) -> bool:
+                         future: asyncio.Future[JobResult], held: Held) -> bool:
         """Watch the running export; True when it ended by itself, False when this attempt is over."""
         deadline = (task.started_at or time.time()) + task.timeout_sec
         while not future.done():
@@ -185,7 +185,7 @@ class Workers:
                 return False
         return True
 
-    async def _complete(self, task: Task, lease: Lease, future: "asyncio.Future[JobResult]", held: Held) -> None:
+    async def _complete(self, task: Task, lease: Lease, future: asyncio.Future[JobResult], held: Held) -> None:
         spec = self.config.export_types[task.export_type]
         ttl = self.config.task_ttl_sec
         try:

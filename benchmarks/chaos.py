@@ -25,13 +25,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import random
 import tempfile
 import time
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any
 
 import httpx
 
@@ -63,7 +65,7 @@ class Stack:
         self.killed: set[tuple[int, int]] = set()
         self.incarnation = [0, 0]
 
-    def start(self) -> "Stack":
+    def start(self) -> Stack:
         self.redis.start()
         shared = self.workdir / "results"  # both backends serve each other's files (no shared store yet)
         for i in range(2):
@@ -175,10 +177,10 @@ class Client:
             await asyncio.sleep(self._classify(resp, "poll"))
 
 
-Fault = Callable[[Stack], Awaitable[float]]  # injects, returns the monotonic time the fault ended
+Fault = Callable[[Stack], Coroutine[Any, Any, float]]  # injects; returns the monotonic time the fault ended
 
 
-async def _later(seconds: float, action: Callable[[], None]) -> None:
+async def _later(seconds: float, action: Callable[[], object]) -> None:
     await asyncio.sleep(seconds)
     await asyncio.to_thread(action)
 
@@ -204,15 +206,19 @@ def _scenarios(at: float) -> dict[str, Fault]:
 
     async def redis_kill_aof(stack: Stack) -> float:
         await _later(at, stack.redis.kill)
-        await _later(3, lambda: stack.redis.restart())
+        await _later(3, stack.redis.restart)
         return time.monotonic()
 
     async def redis_restart_empty(stack: Stack) -> float:
-        await _later(at, lambda: stack.redis.restart(empty=True))
+        await _later(at, functools.partial(stack.redis.restart, empty=True))
         return time.monotonic()
 
     async def backends_down(stack: Stack) -> float:
-        await _later(at, lambda: (stack.kill_backend(0), stack.kill_backend(1)))
+        def kill_both() -> None:
+            stack.kill_backend(0)
+            stack.kill_backend(1)
+
+        await _later(at, kill_both)
         await _later(5, lambda: stack.restart_backend(0))  # only gateway A's backend returns at first
         end = time.monotonic()
         await _later(8, lambda: stack.restart_backend(1))
@@ -242,7 +248,8 @@ class Outcome:
 
     def row(self) -> str:
         return (f"| {self.scenario} | {self.submitted} | {self.obtained} | {self.completed} | {self.lost} | "
-                f"{self.duplicated} | {self.rerun_after_kill} | {self.bad_5xx} | {self.unavailable} | {self.recovery_sec:.1f} | {self.note} |")
+                f"{self.duplicated} | {self.rerun_after_kill} | {self.bad_5xx} | {self.unavailable} | "
+                f"{self.recovery_sec:.1f} | {self.note} |")
 
 
 HEADER = ("| scenario | submitted | ids obtained | completed | lost | duplicated | re-run after a kill | 500s | "

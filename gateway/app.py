@@ -222,13 +222,13 @@ class Gateway:
             host = urlsplit(upstream.url).hostname or ""
             try:
                 await asyncio.wait_for(loop.getaddrinfo(host, None, type=socket.SOCK_STREAM), 2.0)
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 problems.append(f"upstream {name}: cannot resolve {host}")
         redis = self.runtime.services.state.redis
         if redis is not None:
             try:
                 await asyncio.wait_for(redis.ping(), 2.0)
-            except (RedisError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, RedisError) as exc:
                 problems.append(f"redis: {type(exc).__name__}")
         if problems:
             raise ApiError(ErrorKind.UNAVAILABLE, "not ready: " + "; ".join(problems), data={"problems": problems},

@@ -68,7 +68,7 @@ class RouteConfig(Strict):
     upstream: str
     rewrite: str | None = Field(None, description="upstream path; may use the path's {params}")
     max_body_bytes: int = Field(1_048_576, ge=0, description="a bigger request body gets 413")
-    plugins: list[PluginEntry] = Field(default_factory=list)  # type: ignore[valid-type]
+    plugins: list[PluginEntry] = Field(default_factory=list)
 
     @field_validator("plugins", mode="before")
     @classmethod
@@ -88,7 +88,7 @@ class RouteConfig(Strict):
         return upper
 
     @model_validator(mode="after")
-    def _task_id_provider_first(self) -> "RouteConfig":
+    def _task_id_provider_first(self) -> RouteConfig:
         # a plugin that provides the task id (idempotency fixes it at claim time) must run before task_id,
         # which otherwise mints one of its own; and both must name ids alike
         entries = [plugin_of(entry) for entry in self.plugins]
@@ -168,7 +168,7 @@ class GatewayConfig(Strict):
     routes: list[RouteConfig]
 
     @model_validator(mode="after")
-    def _references(self) -> "GatewayConfig":
+    def _references(self) -> GatewayConfig:
         for route in self.routes:
             if route.upstream not in self.upstreams:
                 raise ValueError(f"route {route.name!r} names upstream {route.upstream!r}, "

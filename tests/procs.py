@@ -33,7 +33,7 @@ def wait_until(check: Callable[[], Any], timeout: float = 15.0, interval: float 
             value = check()
             if value:
                 return value
-        except Exception as exc:  # the thing polled may not be up yet
+        except Exception as exc:  # noqa: BLE001 - the thing polled may not be up yet
             last_error = exc
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what} (last error: {last_error})")
@@ -73,7 +73,7 @@ class Service:
     def write_config(self) -> None:
         self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
 
-    def start(self, timeout: float = 20.0) -> "Service":
+    def start(self, timeout: float = 20.0) -> Service:
         self.write_config()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -135,7 +135,7 @@ class RedisServer:
         self.fsync = fsync
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         persistence = ["--appendonly", "yes", "--appendfsync", self.fsync] if self.persistent else \
             ["--appendonly", "no"]
         self.proc = subprocess.Popen(
@@ -177,7 +177,7 @@ class RedisServer:
             self.proc.kill()
             self.proc.wait(10)
 
-    def restart(self, empty: bool = False) -> "RedisServer":
+    def restart(self, empty: bool = False) -> RedisServer:
         """kill -9, then start again on the same port: with its append-only file unless `empty`."""
         self.kill()
         if empty:

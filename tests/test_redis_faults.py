@@ -6,6 +6,7 @@ and without the append-only file.
 """
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -54,6 +55,10 @@ def _submit_until_id(url: str, key: str, timeout: float = 30.0) -> str:
     return str(wait_until(attempt, timeout, interval=0.5, what=f"key {key} to get its task id"))
 
 
+def _ready(url: str) -> bool:
+    return httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+
+
 def _post_to_die(url: str, key: str) -> None:
     """A submit whose gateway is killed under it: the client sees only a dropped connection."""
     try:
@@ -91,8 +96,8 @@ def test_readyz_answers_503_while_redis_is_unreachable(services: Callable[..., S
     wait_until(lambda: httpx.get(f"{gateway.url}/readyz", timeout=5).status_code == 503, 10, what="gateway 503")
     wait_until(lambda: httpx.get(f"{backend.url}/readyz", timeout=5).status_code == 503, 10, what="backend 503")
     redis_aof.restart()
-    for svc in (gateway, backend):
-        wait_until(lambda: httpx.get(f"{svc.url}/readyz", timeout=5).status_code == 200, 15, what="ready again")
+    for url in (gateway.url, backend.url):
+        wait_until(functools.partial(_ready, url), 15, what=f"{url} ready again")
 
 
 def test_stall_answers_503_with_retry_after_and_a_restart_no_500(services: Callable[..., Service],

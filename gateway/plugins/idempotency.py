@@ -129,7 +129,7 @@ class _Held:
 async def _wait(event: asyncio.Event, seconds: float) -> bool:
     try:
         await asyncio.wait_for(event.wait(), seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
     return True
 
