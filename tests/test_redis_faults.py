@@ -259,3 +259,17 @@ def test_a_tenant_over_its_idempotency_key_cap_gets_429(services: Callable[..., 
     assert _submit_until_id(gateway.url, "cap-0") == ids[0]  # keys it holds still answer
     plain = httpx.post(gateway.url + API, json=BODY, headers=AUTH, timeout=10)
     assert plain.status_code == 202  # and it can still submit without a key
+
+
+@pytest.mark.parametrize("plugins, problem", [
+    (["auth", {"task_id": {"action": "generate"}}, "idempotency"], "must come before task_id"),
+    (["auth", {"idempotency": {"task_id_prefix": "abc"}}, {"task_id": {"action": "generate"}}], "must equal"),
+])
+def test_route_config_checks_that_idempotency_fixes_the_task_id_first(plugins: list[Any], problem: str) -> None:
+    from pydantic import ValidationError
+
+    from gateway.config import RouteConfig
+
+    with pytest.raises(ValidationError, match=problem):
+        RouteConfig.model_validate({"name": "submit", "path": "/s", "methods": ["POST"], "upstream": "exports",
+                                    "plugins": plugins})
