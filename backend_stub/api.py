@@ -1,26 +1,32 @@
 """The backend's HTTP API, as the gateway calls it (plain and exact; no public-edge concerns)."""
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import FileResponse, MalformedRangeHeader, RangeNotSatisfiable, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from backend_stub import lifecycle
 from backend_stub.config import BackendConfig
 from backend_stub.files import ResultFiles
+from backend_stub.filters import filters_schema
 from backend_stub.http_fault import RequestCounter
-from backend_stub.models import COMPLETED, STATUSES, Task
+from backend_stub.models import COMPLETED, Task
 from backend_stub.store import TaskStore
 from backend_stub.submission import parse_rerun, parse_submission
-from exports_common.envelope import ok
+from exports_common.envelope import error_response, ok
 from exports_common.errors import ApiError, ErrorKind, validation_error
 from exports_common.json_body import parse_json, read_limited
+from exports_common.list_query import PARAMS, check_list_query
+from exports_common.submit_body import FORMATS
 from exports_common.task_ids import is_task_id
 
-MAX_LIST_LIMIT = 500
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
 class BackendApi:
@@ -33,6 +39,7 @@ class BackendApi:
     def routes(self) -> list[Route]:
         return [
             Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/export-types", self.export_types, methods=["GET"]),
             Route("/exports", self.create, methods=["POST"]),
             Route("/exports", self.list, methods=["GET"]),
             Route("/exports/{task_id}", self.get, methods=["GET"]),
@@ -44,6 +51,12 @@ class BackendApi:
     async def healthz(self, request: Request) -> Response:
         return ok({"status": "ok", "store": "redis" if self.config.redis_url else "sqlite",
                    "requests": self.counter.requests})
+
+    async def export_types(self, request: Request) -> Response:
+        items = [{"export_type": name, "filters_schema": filters_schema(spec.filters), "formats": list(FORMATS),
+                  "max_attempts": spec.max_attempts, "estimated_completion_sec": self._estimate_sec(name)}
+                 for name, spec in self.config.export_types.items()]
+        return ok({"items": items})
 
     async def _json(self, request: Request) -> Any:
         body = await read_limited(request.stream(), self.config.max_body_bytes, request.headers.get("content-length"))
@@ -61,13 +74,14 @@ class BackendApi:
         if not tenant or len(tenant) > 128:
             raise validation_error("X-Tenant-Id", "header must name the tenant (1 to 128 characters)")
         submission = parse_submission(await self._json(request), self.config)
+        traceparent = request.headers.get("traceparent", "")  # sent on to the receiver: only a well-formed one
         now = time.time()
         task = Task(
             task_id=task_id, tenant=tenant, export_type=submission.export_type, filters=submission.filters,
             format=submission.format, timeout_sec=submission.timeout_sec, callback_url=submission.callback_url,
             fingerprint=submission.fingerprint(tenant), created_at=now, updated_at=now,
             callback={"state": "PENDING", "attempts": 0, "last_error": None} if submission.callback_url else None,
-            extra={"traceparent": request.headers["traceparent"]} if "traceparent" in request.headers else {},
+            extra={"traceparent": traceparent} if _TRACEPARENT.fullmatch(traceparent) else {},
         )
         stored, created = await self.store.create(task)
         if not created and stored.fingerprint != task.fingerprint:
@@ -115,19 +129,12 @@ class BackendApi:
         return ok(updated.public())
 
     async def list(self, request: Request) -> Response:
-        params = request.query_params
-        tenant = request.headers.get("x-tenant-id") or params.get("tenant")
-        if not tenant:
+        query = check_list_query(request.query_params.multi_items(), PARAMS | {"tenant"})
+        tenant = request.headers.get("x-tenant-id") or request.query_params.get("tenant")
+        if not tenant or len(tenant) > 128:
             raise validation_error("tenant", "name the tenant (X-Tenant-Id header or tenant query parameter)")
-        status = params.get("status")
-        if status is not None and status not in STATUSES:
-            raise validation_error("status", f"must be one of {list(STATUSES)}")
-        raw_limit = params.get("limit", "50")
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
-            raise validation_error("limit", f"must be an integer from 1 to {MAX_LIST_LIMIT}")
         try:
-            cursor = params.get("cursor") or None
-            items, next_cursor = await self.store.list_tasks(tenant, status, int(raw_limit), cursor)
+            items, next_cursor = await self.store.list_tasks(tenant, query.status, query.limit, query.cursor)
         except ValueError as exc:
             raise validation_error("cursor", str(exc)) from exc
         now = time.time()
@@ -141,4 +148,24 @@ class BackendApi:
             raise ApiError(ErrorKind.FILE_GONE if task.status == COMPLETED else ErrorKind.TASK_NOT_FOUND,
                            None if task.status == COMPLETED else "the task has no result file (not COMPLETED)")
         media = "text/csv; charset=utf-8" if task.format == "csv" else "application/x-ndjson"
-        return FileResponse(path, media_type=media, filename=path.name)
+        return RangeCheckedFile(path, media_type=media, filename=path.name, stat_result=path.stat())
+
+
+class RangeCheckedFile(FileResponse):
+    """A file answer whose Range errors are envelopes; Starlette's own are plain text."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = Headers(scope=scope)
+        http_range, if_range = headers.get("range"), headers.get("if-range")
+        if http_range is not None and (if_range is None or self._should_use_range(if_range)):
+            size = self.stat_result.st_size if self.stat_result is not None else 0
+            try:
+                self._parse_range_header(http_range, size)  # Starlette's parser, so both agree on what is valid
+            except MalformedRangeHeader as exc:
+                return await error_response(ApiError(ErrorKind.BAD_RANGE, data={"reason": exc.content}))(
+                    scope, receive, send)
+            except RangeNotSatisfiable as exc:
+                err = ApiError(ErrorKind.RANGE_NOT_SATISFIABLE, data={"size": exc.max_size},
+                               headers={"Content-Range": f"bytes */{exc.max_size}"})
+                return await error_response(err)(scope, receive, send)
+        await super().__call__(scope, receive, send)

@@ -1,6 +1,7 @@
 """Filters: checked against the export type's schema, then compiled into one row predicate."""
 from __future__ import annotations
 
+import math
 import operator
 from datetime import date
 from typing import Any, Callable
@@ -8,9 +9,11 @@ from typing import Any, Callable
 from backend_stub.config import FilterSpec
 from backend_stub.datasets import Row
 from exports_common.errors import validation_error
+from exports_common.submit_body import shown_name
 
 Predicate = Callable[[Row], bool]
 _OPS = {"eq": operator.eq, "gte": operator.ge, "lte": operator.le}
+_OP_WORDS = {"eq": "equals", "gte": "at least", "lte": "at most"}
 
 
 def _check_scalar(name: str, spec: FilterSpec, value: Any) -> Any:
@@ -22,8 +25,9 @@ def _check_scalar(name: str, spec: FilterSpec, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise validation_error(field, "must be an integer")
     elif spec.type == "number":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise validation_error(field, "must be a number")
+        finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+        if isinstance(value, bool) or not finite:
+            raise validation_error(field, "must be a finite number")
     elif spec.type == "date":
         if not (isinstance(value, str) and len(value) == 10 and _is_date(value)):
             raise validation_error(field, "must be a date as YYYY-MM-DD")
@@ -49,7 +53,7 @@ def validate_filters(specs: dict[str, FilterSpec], raw: Any) -> dict[str, Any]:
     for name, value in raw.items():
         spec = specs.get(name)
         if spec is None:
-            raise validation_error(f"filters.{name}", f"unknown filter; allowed: {sorted(specs)}")
+            raise validation_error(f"filters.{shown_name(name)}", f"unknown filter; allowed: {sorted(specs)}")
         if spec.multiple and isinstance(value, list):
             if not value:
                 raise validation_error(f"filters.{name}", "must not be an empty list")
@@ -57,6 +61,28 @@ def validate_filters(specs: dict[str, FilterSpec], raw: Any) -> dict[str, Any]:
         else:
             out[name] = _check_scalar(name, spec, value)
     return out
+
+
+def _scalar_schema(spec: FilterSpec) -> dict[str, Any]:
+    """The JSON Schema of one value, saying exactly what `_check_scalar` accepts."""
+    if spec.type == "string":
+        return {"type": "string", "minLength": 1, "maxLength": 256}
+    if spec.type == "date":
+        return {"type": "string", "format": "date", "pattern": r"^\d{4}-\d{2}-\d{2}$"}
+    if spec.type == "enum":
+        return {"type": "string", "enum": list(spec.values or [])}
+    return {"type": spec.type}
+
+
+def filters_schema(specs: dict[str, FilterSpec]) -> dict[str, Any]:
+    """The JSON Schema of an export type's `filters` object, generated from the same specs that check it."""
+    properties: dict[str, Any] = {}
+    for name, spec in specs.items():
+        scalar = _scalar_schema(spec)
+        described = "any of" if spec.multiple else _OP_WORDS[spec.op]
+        schema = {"anyOf": [scalar, {"type": "array", "items": scalar, "minItems": 1}]} if spec.multiple else scalar
+        properties[name] = {**schema, "description": f"rows whose {spec.column} {described} this value"}
+    return {"type": "object", "additionalProperties": False, "properties": properties}
 
 
 def _one(index: int, spec: FilterSpec, value: Any) -> Predicate:
