@@ -5,7 +5,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
 from backend_stub import janitor, metrics, tracing
@@ -19,7 +22,9 @@ from backend_stub.result_store import open_result_store
 from backend_stub.store import open_store
 from backend_stub.worker import Workers
 from exports_common import otel
-from exports_common.envelope import exception_handlers
+from exports_common.envelope import error_response, exception_handlers, ok
+from exports_common.errors import unavailable
+from exports_common.redis_client import store_unavailable
 
 
 def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
@@ -45,9 +50,23 @@ def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
             await store.close()
             otel.shutdown()
 
+    async def readyz(request: Request) -> Response:
+        """Ready when the store answers: a backend that cannot reach it should get no traffic (/healthz: alive)."""
+        try:
+            await asyncio.wait_for(store.ping(), 2.0)
+        except (TimeoutError, RedisError, OSError) as exc:
+            return error_response(unavailable(f"not ready: the store does not answer ({type(exc).__name__})", 2))
+        return ok({"status": "ready"})
+
+    async def redis_failed(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RedisError)
+        return error_response(store_unavailable(exc))
+
     counter = RequestCounter()
     api = BackendApi(config, store, files, results, counter)
     metrics.seed(config.export_types, config.workers)
-    routes = api.routes() + AdminApi(store).routes() + [Route("/metrics", metrics.endpoint(store), methods=["GET"])]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=exception_handlers())
+    routes = [*api.routes(), *AdminApi(store).routes(), Route("/metrics", metrics.endpoint(store), methods=["GET"]),
+              Route("/readyz", readyz, methods=["GET"])]
+    handlers = {**exception_handlers(), RedisError: redis_failed}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     return tracing.TracingMiddleware(HttpFault(app, config.http_fault, counter))

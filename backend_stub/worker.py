@@ -4,6 +4,14 @@ The supervisor coroutine owns everything that is not rendering rows: it writes
 progress, renews the lease, notices a cancel, and enforces the timeout. On a
 timeout it marks the task and frees itself at once; the thread stops at its next
 safe point and removes its partial file.
+
+A store that stalls or drops connections does not end an attempt: the progress,
+renewal and final writes are retried for as long as the lease last renewed
+still holds. Only when it has really run out (another worker may now have the
+task) does the attempt give up: its export stops at the next safe point and its
+partial output is removed, and every later write it might make is refused by
+the attempt number. So a stall shorter than the lease runs no task twice, and a
+dead worker's task runs again exactly once.
 """
 from __future__ import annotations
 
@@ -16,6 +24,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Awaitable, TypeVar
+
+from redis.exceptions import RedisError
 
 from backend_stub import lifecycle, metrics, tracing
 from backend_stub.config import BackendConfig
@@ -27,6 +38,35 @@ from backend_stub.store import Change, Lease, TaskStore
 from exports_common.jsonlog import task_id_var, trace_id_var
 
 log = logging.getLogger("backend.worker")
+STORE_RETRY_SEC = 0.5
+T = TypeVar("T")
+
+
+class LeaseLost(Exception):
+    """The store stayed unreachable until this attempt's lease ran out; another worker may have the task."""
+
+
+class Held:
+    """How long this worker's lease surely lasts: its length from the last renewal the store confirmed."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        # a margin for clock reading and the store's own idle accounting
+        self.until = time.monotonic() + lease.lease_sec * 0.9
+
+    def renewed(self) -> None:
+        self.until = time.monotonic() + self.lease.lease_sec * 0.9
+
+    async def retrying(self, op: Callable[[], Awaitable[T]]) -> T:
+        """Run a store call, again and again through connection errors, while the lease holds."""
+        while True:
+            try:
+                return await op()
+            except (RedisError, OSError) as exc:
+                if time.monotonic() + STORE_RETRY_SEC >= self.until:
+                    raise LeaseLost(str(exc)) from exc
+                log.warning("store call failed; retrying within the lease", extra={"error": str(exc)})
+                await asyncio.sleep(STORE_RETRY_SEC)
 
 
 class Workers:
@@ -57,8 +97,11 @@ class Workers:
                     await self._handle(lease, consumer)
             except asyncio.CancelledError:
                 raise
+            except (RedisError, OSError) as exc:
+                log.warning("store unreachable; retrying in 1 s", extra={"error": str(exc)})
+                await asyncio.sleep(1.0)
             except Exception:
-                log.exception("worker loop error; retrying in 1 s (is the store reachable?)")
+                log.exception("worker loop error; retrying in 1 s")
                 await asyncio.sleep(1.0)
 
     async def _handle(self, lease: Lease, consumer: str) -> None:
@@ -109,6 +152,19 @@ class Workers:
             fail_transiently=self._should_fail(task),
         )
         future = asyncio.get_running_loop().run_in_executor(self.executor, job.run)
+        held = Held(lease)
+        try:
+            if await self._supervise(task, lease, consumer, job, future, held):
+                await self._complete(task, lease, future, held)
+        except LeaseLost as exc:
+            job.cancel()
+            await asyncio.gather(future, return_exceptions=True)
+            log.warning("lease lost while the store was unreachable; this attempt stopped and its output is "
+                        "discarded (another worker runs the task)", extra={"attempt": task.attempt, "error": str(exc)})
+
+    async def _supervise(self, task: Task, lease: Lease, consumer: str, job: ExportJob,
+                         future: asyncio.Future[JobResult], held: Held) -> bool:
+        """Watch the running export; True when it ended by itself, False when this attempt is over."""
         deadline = (task.started_at or time.time()) + task.timeout_sec
         while not future.done():
             remaining = deadline - time.time()
@@ -117,24 +173,32 @@ class Workers:
                 # the thread stops later with Cancelled, which nobody awaits: retrieve it, or asyncio
                 # logs "Future exception was never retrieved" with a traceback for a normal TIMEOUT
                 future.add_done_callback(lambda done: done.cancelled() or done.exception())
-                await self._end(task, lease, lifecycle.finish(
+                await self._end(task, lease, held, lifecycle.finish(
                     TIMEOUT, attempt=task.attempt, ttl_sec=self.config.task_ttl_sec,
                     error=error_info("TASK_TIMEOUT", f"the export did not finish within {task.timeout_sec} s",
                                      retryable=True)))
-                return
+                return False
             await asyncio.wait({future}, timeout=min(self.config.progress_interval_sec, remaining))
             if future.done():
                 break
-            current, _ = await self.store.update(task.task_id, lifecycle.report(task.attempt, job.progress, job.step))
+            try:
+                current, _ = await self.store.update(task.task_id,
+                                                     lifecycle.report(task.attempt, job.progress, job.step))
+                await self.store.renew(lease, consumer)
+            except (RedisError, OSError) as exc:
+                if time.monotonic() >= held.until:
+                    raise LeaseLost(str(exc)) from exc
+                log.warning("progress not written; the export goes on within its lease", extra={"error": str(exc)})
+                continue
+            held.renewed()
             tracing.step(job.step)
             if current is None or current.status != RUNNING or current.attempt != task.attempt:
                 job.cancel()
                 await asyncio.gather(future, return_exceptions=True)
                 log.info("task stopped at a safe point", extra={"status": current.status if current else None})
-                await self.store.ack(lease)
-                return
-            await self.store.renew(lease, consumer)
-        await self._complete(task, lease, future)
+                await held.retrying(lambda: self.store.ack(lease))
+                return False
+        return True
 
     def _publisher(self, key: str) -> Callable[[Path], None]:
         """The job's store step, called from its thread: the upload runs on this event loop."""
@@ -144,7 +208,7 @@ class Workers:
             asyncio.run_coroutine_threadsafe(self.results.publish(path, key), loop).result()
         return publish
 
-    async def _complete(self, task: Task, lease: Lease, future: asyncio.Future[JobResult]) -> None:
+    async def _complete(self, task: Task, lease: Lease, future: asyncio.Future[JobResult], held: Held) -> None:
         spec = self.config.export_types[task.export_type]
         ttl = self.config.task_ttl_sec
         try:
@@ -153,12 +217,13 @@ class Workers:
             if task.attempt - task.base_attempt + 1 < spec.max_attempts:
                 log.warning("transient failure; re-queued", extra={"attempt": task.attempt, "error": str(exc)})
                 metrics.task_retries.labels(task.export_type).inc()
-                await self.store.update(task.task_id, lifecycle.requeue(task.attempt), enqueue=True, ack=lease)
+                await held.retrying(lambda: self.store.update(task.task_id, lifecycle.requeue(task.attempt),
+                                                              enqueue=True, ack=lease))
                 return
             change = lifecycle.finish(FAILED, attempt=task.attempt, ttl_sec=ttl, error=error_info(
                 "EXPORT_FAILED", f"failed {spec.max_attempts} times; last error: {exc}", retryable=False))
         except Cancelled:
-            await self.store.ack(lease)
+            await held.retrying(lambda: self.store.ack(lease))
             return
         except Exception as exc:
             log.exception("export crashed")
@@ -169,13 +234,14 @@ class Workers:
                 "download_url": f"/exports/{task.task_id}/file",
                 "rows": result.rows, "bytes": result.bytes, "format": task.format,
             })
-        await self._end(task, lease, change)
+        await self._end(task, lease, held, change)
 
-    async def _end(self, task: Task, lease: Lease, change: Change) -> None:
-        final, changed = await self.store.update(task.task_id, change, ack=lease)
+    async def _end(self, task: Task, lease: Lease, held: Held, change: Change) -> None:
+        # a retried update is safe: `change` is conditional on this attempt still running
+        final, changed = await held.retrying(lambda: self.store.update(task.task_id, change, ack=lease))
         if not changed:
             # someone else decided first (a cancel, or another worker took over): keep nothing of ours
-            await self.store.ack(lease)
+            await held.retrying(lambda: self.store.ack(lease))
             if final is None or final.status != COMPLETED:
                 await self._discard(object_key(task.task_id, task.format))
         elif final is not None:

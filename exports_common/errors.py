@@ -34,6 +34,8 @@ class ErrorKind(Enum):
     HEADERS_TOO_LARGE = (43100, 431, "the request headers are too large")
     VALIDATION = (42200, 422, "the request is invalid")
     IDEMPOTENCY_KEY_REUSED = (42201, 422, "this Idempotency-Key was used with a different body; use a new key")
+    IDEMPOTENCY_QUOTA = (42910, 429, "this tenant holds its maximum number of Idempotency-Keys; retry after "
+                                     "older ones expire (Retry-After), or submit without the header")
     INTERNAL = (50000, 500, "internal error; the request was not applied, retry later")
     RESULT_MISSING = (50001, 500, "the task's result file is missing from the result store although the task "
                       "has not expired; re-run the task, and check that every backend uses the same result_store")

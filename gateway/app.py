@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import AsyncIterator
 from urllib.parse import urlsplit
 
-import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -31,6 +31,7 @@ from exports_common.config_loader import ConfigError, load_model
 from exports_common.envelope import exception_handlers, ok
 from exports_common.errors import ApiError, ErrorKind, unavailable
 from exports_common.jsonlog import request_id_var, task_id_var, trace_id_var
+from exports_common.redis_client import store_unavailable
 from exports_common.signing import DownloadSigner
 from gateway import access_log, openapi, telemetry
 from gateway.admin_recovery import AdminRecovery
@@ -40,7 +41,7 @@ from gateway.context import RequestContext
 from gateway.outbox_drainer import OutboxDrainer
 from gateway.response import GatewayResponse
 from gateway.runtime import Runtime, build_runtime, upstreams_of
-from gateway.services import Services, open_state
+from gateway.services import Services, open_redis, open_state
 from gateway.tenants import TenantDirectory
 from gateway.upstream import AiohttpUpstream, UpstreamError
 
@@ -97,7 +98,7 @@ class Gateway:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         config = self.initial_config
         metrics, tracing = telemetry.setup("gateway", config.tracing)
-        redis = aioredis.Redis.from_url(config.redis_url) if config.redis_url else None
+        redis = open_redis(config.redis_url)
         pool = max(u.pool_size for u in config.upstreams.values())
         services = Services(
             client=AiohttpUpstream(pool), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
@@ -236,6 +237,9 @@ class Gateway:
             if exc.kind != "circuit_open":  # an open breaker is logged when it opens, not for every refusal
                 log.warning("upstream failed", extra={"route": ctx.route_name, "error": str(exc)})
             return upstream_error(exc)
+        except RedisError as exc:
+            log.warning("shared state unavailable; answered 503", extra={"route": ctx.route_name, "error": str(exc)})
+            return GatewayResponse.error(store_unavailable(exc))
         except Exception as exc:
             if _client_went_away(exc):
                 log.info("the client went away before its request was read", extra={"route": ctx.route_name})
@@ -267,6 +271,12 @@ class Gateway:
                     await asyncio.wait_for(loop.getaddrinfo(host, None, type=socket.SOCK_STREAM), 2.0)
                 except (TimeoutError, OSError):
                     problems.append(f"upstream {name}: cannot resolve {host}")
+        redis = self.runtime.services.state.redis
+        if redis is not None:
+            try:
+                await asyncio.wait_for(redis.ping(), 2.0)
+            except (TimeoutError, RedisError) as exc:
+                problems.append(f"redis: {type(exc).__name__}")
         if problems:
             raise ApiError(ErrorKind.UNAVAILABLE, "not ready: " + "; ".join(problems), data={"problems": problems},
                            headers={"Retry-After": "5"})

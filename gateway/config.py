@@ -115,6 +115,26 @@ class RouteConfig(Strict):
             raise ValueError(f"methods must be a non-empty list of {sorted(HTTP_METHODS)}")
         return upper
 
+    @model_validator(mode="after")
+    def _task_id_provider_first(self) -> RouteConfig:
+        # a plugin that provides the task id (idempotency fixes it at claim time) must run before task_id,
+        # which otherwise mints one of its own; and both must name ids alike
+        entries = [plugin_of(entry) for entry in self.plugins]
+        names = [name for name, _ in entries]
+        if "task_id" not in names:
+            return self
+        task_id_at = names.index("task_id")
+        prefix = getattr(entries[task_id_at][1], "prefix", None)
+        for at, (name, settings) in enumerate(entries):
+            if "task_id" not in getattr(PLUGINS[name], "provides", ()):
+                continue
+            if at > task_id_at:
+                raise ValueError(f"{name} fixes the task id, so it must come before task_id in route {self.name!r}")
+            if getattr(settings, "task_id_prefix", prefix) != prefix:
+                raise ValueError(f"{name}.task_id_prefix must equal task_id.prefix ({prefix!r}) in route "
+                                 f"{self.name!r}")
+        return self
+
     @field_validator("path")
     @classmethod
     def _path(cls, value: str) -> str:

@@ -31,6 +31,8 @@ class RequestContext:
     body: bytes | None = None
     json: Any = None
     tenant: str | None = None
+    # the task this request names: from the path (task_id check), fixed by idempotency's claim, or minted by
+    # task_id generate when no earlier plugin fixed it
     task_id: str | None = None
     # timeout plugin: per-try bounds and the monotonic deadline of the whole request
     timeouts: Timeouts | None = None

@@ -2,7 +2,9 @@
 
 Memory (bounded, per process), SQLite (a local file: survives a restart) and
 Redis (shared by several gateway processes) behave alike, so a plugin is written
-once against `KeyValue`.
+once against `KeyValue`. Every Redis command touches one key, so the layout works
+on Redis Cluster; a caller that wants one tenant's keys in one slot puts
+`{tenant}` in them.
 """
 from __future__ import annotations
 
@@ -23,6 +25,12 @@ class KeyValue(Protocol):
     async def add(self, key: str, value: bytes, ttl: float) -> bool:
         """Set only if absent (or expired); True when this call set it."""
 
+    async def replace(self, key: str, expected: bytes, value: bytes, ttl: float) -> bool:
+        """Compare-and-set: write `value` only if the key holds exactly `expected`; True when written."""
+
+    async def reserve(self, index: str, member: str, ttl: float, cap: int) -> bool:
+        """Count `member` in `index` for `ttl`; False (and nothing counted) when `cap` live members are there."""
+
     async def delete(self, key: str) -> None: ...
 
     def size(self) -> int | None: ...
@@ -32,6 +40,7 @@ class MemoryKV:
     def __init__(self, max_items: int = 100_000) -> None:
         self.max_items = max_items
         self._items: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        self._indexes: dict[str, dict[str, float]] = {}
 
     def _live(self, key: str) -> bytes | None:
         item = self._items.get(key)
@@ -57,6 +66,22 @@ class MemoryKV:
         await self.set(key, value, ttl)
         return True
 
+    async def replace(self, key: str, expected: bytes, value: bytes, ttl: float) -> bool:
+        if self._live(key) != expected:
+            return False
+        await self.set(key, value, ttl)
+        return True
+
+    async def reserve(self, index: str, member: str, ttl: float, cap: int) -> bool:
+        now = time.monotonic()
+        members = self._indexes.setdefault(index, {})
+        for old in [m for m, until in members.items() if until <= now]:
+            del members[old]
+        if member not in members and len(members) >= cap:
+            return False
+        members[member] = now + ttl
+        return True
+
     async def delete(self, key: str) -> None:
         self._items.pop(key, None)
 
@@ -75,11 +100,14 @@ class SqliteKV:
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"CREATE TABLE IF NOT EXISTS {table} (k TEXT PRIMARY KEY, expires REAL, v BLOB)")
+        self.db.execute(f"CREATE TABLE IF NOT EXISTS {table}_index (grp TEXT, member TEXT, expires REAL, "
+                        "PRIMARY KEY (grp, member))")
         self._writes = 0
         self._purge()
 
     def _purge(self) -> None:
         self.db.execute(f"DELETE FROM {self.table} WHERE expires <= ?", (time.time(),))
+        self.db.execute(f"DELETE FROM {self.table}_index WHERE expires <= ?", (time.time(),))
 
     async def get(self, key: str) -> bytes | None:
         row = self.db.execute(f"SELECT v FROM {self.table} WHERE k = ? AND expires > ?", (key, time.time())).fetchone()
@@ -99,6 +127,24 @@ class SqliteKV:
             cur = self.db.execute(f"INSERT OR IGNORE INTO {self.table} VALUES (?,?,?)", (key, now + ttl, value))
             return cur.rowcount == 1
 
+    async def replace(self, key: str, expected: bytes, value: bytes, ttl: float) -> bool:
+        now = time.time()
+        cur = self.db.execute(f"UPDATE {self.table} SET v = ?, expires = ? WHERE k = ? AND v = ? AND expires > ?",
+                              (value, now + ttl, key, expected, now))
+        return cur.rowcount == 1
+
+    async def reserve(self, index: str, member: str, ttl: float, cap: int) -> bool:
+        now = time.time()
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute(f"DELETE FROM {self.table}_index WHERE grp = ? AND expires <= ?", (index, now))
+            count, present = self.db.execute(
+                f"SELECT count(*), sum(member = ?) FROM {self.table}_index WHERE grp = ?", (member, index)).fetchone()
+            if not present and count >= cap:
+                return False
+            self.db.execute(f"INSERT OR REPLACE INTO {self.table}_index VALUES (?,?,?)", (index, member, now + ttl))
+            return True
+
     async def delete(self, key: str) -> None:
         self.db.execute(f"DELETE FROM {self.table} WHERE k = ?", (key,))
 
@@ -106,10 +152,33 @@ class SqliteKV:
         return int(self.db.execute(f"SELECT count(*) FROM {self.table}").fetchone()[0])
 
 
+# One key each, so both run on Redis Cluster. Retried after a lost connection they are harmless:
+# a second compare-and-set finds its own value and answers 0, which callers resolve by reading back.
+_REPLACE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+_RESERVE = """
+local now = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[2]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3]) * 1000))
+return 1
+"""
+
+
 class RedisKV:
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         self.redis = client
         self.prefix = prefix
+        self._replace = client.register_script(_REPLACE)
+        self._reserve = client.register_script(_RESERVE)
 
     async def get(self, key: str) -> bytes | None:
         value = await self.redis.get(self.prefix + key)
@@ -120,6 +189,12 @@ class RedisKV:
 
     async def add(self, key: str, value: bytes, ttl: float) -> bool:
         return bool(await self.redis.set(self.prefix + key, value, px=max(1, int(ttl * 1000)), nx=True))
+
+    async def replace(self, key: str, expected: bytes, value: bytes, ttl: float) -> bool:
+        return bool(await self._replace(keys=[self.prefix + key], args=[expected, value, max(1, int(ttl * 1000))]))
+
+    async def reserve(self, index: str, member: str, ttl: float, cap: int) -> bool:
+        return bool(await self._reserve(keys=[self.prefix + index], args=[time.time(), member, ttl, cap]))
 
     async def delete(self, key: str) -> None:
         await self.redis.delete(self.prefix + key)

@@ -2,6 +2,13 @@
 
 Deliveries go through the upstream's breaker like any call, so with no client
 traffic at all the drainer itself is the trial request that closes it.
+
+With a shared (Redis) outbox, one gateway drains at a time, which keeps the
+order. It holds the drain lock only while it delivers: when a delivery fails (its
+upstream or its path to it is down) it lets go at once, so any other gateway
+that can reach the upstream drains next, oldest first. The lock's lease covers
+one delivery and is renewed before each, so a gateway that dies holding it
+delays the others by at most that lease.
 """
 from __future__ import annotations
 
@@ -10,6 +17,8 @@ import logging
 import os
 import socket
 from typing import Callable
+
+from redis.exceptions import RedisError
 
 from exports_common.errors import ApiError
 from gateway.breakers import guarded
@@ -36,6 +45,9 @@ class OutboxDrainer:
                 ok = await self.drain_once()
             except asyncio.CancelledError:
                 raise
+            except RedisError as exc:
+                log.warning("outbox unreachable; will try again", extra={"error": str(exc)})
+                ok = False
             except Exception:
                 log.exception("outbox drain failed; will try again")
                 ok = False
@@ -46,13 +58,22 @@ class OutboxDrainer:
         """Deliver what can be delivered; False when the upstream is still failing."""
         services = self.services()
         outbox = services.outbox
-        if not await outbox.lock(self.owner, ttl=10 * self.max_backoff):
-            return True
-        while (item := await outbox.oldest()) is not None:
+        while True:
+            if not await outbox.lock(self.owner, ttl=self._lease(services)):
+                return True
+            item = await outbox.oldest()
+            if item is None:
+                await outbox.unlock(self.owner)
+                return True
             if not await self._deliver(services, item):
+                await outbox.unlock(self.owner)
                 return False
             await outbox.remove(item.task_id)
-        return True
+
+    @staticmethod
+    def _lease(services: Services) -> float:
+        """Long enough for one delivery to end (connect + read timeouts) before another gateway may start."""
+        return 1.0 + max((u.timeouts.connect + u.timeouts.read for u in services.upstreams.values()), default=5.0)
 
     async def _deliver(self, services: Services, item: OutboxItem) -> bool:
         upstream = services.upstreams.get(item.upstream)

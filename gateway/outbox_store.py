@@ -3,7 +3,8 @@
 A local SQLite file by default (nothing lost across a gateway restart), Redis when
 configured (shared by the gateway processes; a lock lets one of them drain at a
 time, which keeps the order). Redelivery is safe: the backend's create is
-idempotent by task id.
+idempotent by task id. In Redis every outbox key carries one hash tag, so the
+outbox lives in one Redis Cluster slot and its scripts and transactions are legal there.
 """
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ class OutboxStore(Protocol):
     async def lock(self, owner: str, ttl: float) -> bool:
         """Take or extend the right to drain; False while another process holds it."""
 
+    async def unlock(self, owner: str) -> None:
+        """Give up the right to drain, if `owner` holds it, so a process that can deliver takes it."""
+
 
 class SqliteOutbox:
     def __init__(self, path: Path) -> None:
@@ -87,17 +91,38 @@ class SqliteOutbox:
     async def lock(self, owner: str, ttl: float) -> bool:
         return True  # the file belongs to this process
 
+    async def unlock(self, owner: str) -> None:
+        return None
+
+
+# both keys share the outbox's hash tag, so this is one atomic step even on Redis Cluster:
+# an item is never stored without its place in the order
+_PUT = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+end
+return 1
+"""
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
 
 class RedisOutbox:
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         self.redis = client
-        self.order = f"{prefix}:outbox:order"
-        self.items = f"{prefix}:outbox:items"
-        self.lock_key = f"{prefix}:outbox:lock"
+        tag = "{" + prefix + ":outbox}"
+        self.order = f"{tag}:order"
+        self.items = f"{tag}:items"
+        self.lock_key = f"{tag}:lock"
+        self._put = client.register_script(_PUT)
+        self._unlock = client.register_script(_UNLOCK)
 
     async def put(self, item: OutboxItem) -> None:
-        if await self.redis.hsetnx(self.items, item.task_id, item.to_json()):
-            await self.redis.rpush(self.order, item.task_id)
+        await self._put(keys=[self.items, self.order], args=[item.task_id, item.to_json()])
 
     async def find(self, tenant: str, task_id: str) -> OutboxItem | None:
         raw = await self.redis.hget(self.items, task_id)
@@ -133,6 +158,9 @@ class RedisOutbox:
             await self.redis.pexpire(self.lock_key, px)
             return True
         return False
+
+    async def unlock(self, owner: str) -> None:
+        await self._unlock(keys=[self.lock_key], args=[owner])
 
 
 def new_item(task_id: str, tenant: str, upstream: str, method: str, path: str, headers: list[tuple[str, str]],

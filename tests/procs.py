@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -123,36 +124,73 @@ class Service:
 
 
 class RedisServer:
-    """A private redis-server on a free port, so tests never touch a shared one."""
+    """A private redis-server on a free port, so tests never touch a shared one.
 
-    def __init__(self, workdir: Path) -> None:
+    `persistent` runs it with an append-only file (fsync every second), as the README
+    tells operators to; `restart` then brings the data back, and `restart(empty=True)`
+    is a server that lost everything.
+    """
+
+    def __init__(self, workdir: Path, persistent: bool = False, fsync: str = "everysec") -> None:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.workdir = workdir
+        self.persistent = persistent
+        self.fsync = fsync
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RedisServer:
+        persistence = ["--appendonly", "yes", "--appendfsync", self.fsync] if self.persistent else \
+            ["--appendonly", "no"]
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persistence,
              "--dir", str(self.workdir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        import redis
-
-        client = redis.Redis(port=self.port)
-        wait_until(client.ping, 10, what="redis-server to answer")
-        client.close()
+        wait_until(self.ping, 10, what="redis-server to answer")
         return self
 
-    def flush(self) -> None:
+    def client(self) -> Any:
         import redis
 
-        client = redis.Redis(port=self.port)
+        return redis.Redis(port=self.port, socket_timeout=2)
+
+    def ping(self) -> bool:
+        client = self.client()
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+
+    def flush(self) -> None:
+        client = self.client()
         client.flushall()
         client.close()
 
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open and commands sit unanswered, as on a stalled host."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart(self, empty: bool = False) -> RedisServer:
+        """kill -9, then start again on the same port: with its append-only file unless `empty`."""
+        self.kill()
+        if empty:
+            shutil.rmtree(self.workdir / "appendonlydir", ignore_errors=True)
+        return self.start()
+
     def stop(self) -> None:
-        if self.proc is not None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
             self.proc.terminate()
             self.proc.wait(10)
 

@@ -3,13 +3,20 @@
 Several backend processes share one queue. A worker that dies leaves its entry
 pending in the group; once the entry has been idle for the lease time another
 worker takes it over with XAUTOCLAIM. Live workers renew by re-claiming their
-own entry, which resets its idle time.
+own entry, which resets its idle time. A Redis that lost its data (restarted
+without persistence) lost the consumer group too: the first command that finds
+it gone (NOGROUP) creates it again.
+
+Every key carries the hash tag `{<prefix>}`: the transactions here span a task's
+record and the shared queue and indexes, so on Redis Cluster they must share a
+slot. The backend's whole store is then one slot (one shard's worth of load),
+which keeps each state change atomic; spreading it needs per-shard queues.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, cast
 
-import redis.asyncio as aioredis
 from redis.exceptions import ResponseError, WatchError
 
 from backend_stub.models import PENDING, Task
@@ -20,17 +27,22 @@ from backend_stub.store.base import (
     decode_cursor,
     encode_cursor,
 )
+from exports_common.redis_client import connect
 
 _GROUP = "workers"
+CLAIM_BLOCK_SEC = 1.0
+log = logging.getLogger("backend.store")
 
 
 class RedisTaskStore:
     def __init__(self, url: str, prefix: str) -> None:
-        self.redis = aioredis.Redis.from_url(url, decode_responses=True)
-        self.prefix = prefix
-        self.stream = f"{prefix}:queue"
-        self.expiry = f"{prefix}:expiry"
-        self.callbacks = f"{prefix}:callbacks"
+        self.redis = connect(url, decode_responses=True)
+        # the queue's blocking read waits up to CLAIM_BLOCK_SEC: it gets a client whose timeout allows that
+        self.blocking = connect(url, socket_timeout=CLAIM_BLOCK_SEC + 1.0, decode_responses=True)
+        self.prefix = "{" + prefix + "}"
+        self.stream = f"{self.prefix}:queue"
+        self.expiry = f"{self.prefix}:expiry"
+        self.callbacks = f"{self.prefix}:callbacks"
 
     def _task_key(self, task_id: str) -> str:
         return f"{self.prefix}:task:{task_id}"
@@ -39,6 +51,9 @@ class RedisTaskStore:
         return f"{self.prefix}:tenant:{tenant}"
 
     async def open(self) -> None:
+        await self._create_group()
+
+    async def _create_group(self) -> None:
         try:
             await self.redis.xgroup_create(self.stream, _GROUP, id="0", mkstream=True)
         except ResponseError as exc:
@@ -47,6 +62,7 @@ class RedisTaskStore:
 
     async def close(self) -> None:
         await self.redis.aclose()
+        await self.blocking.aclose()
 
     def _stage_write(self, pipe: Any, task: Task) -> None:
         pipe.set(self._task_key(task.task_id), task.to_json())
@@ -138,11 +154,21 @@ class RedisTaskStore:
         return page, encode_cursor(page[-1].created_at, page[-1].task_id) if more else None
 
     async def claim(self, consumer: str, lease_sec: float, wait_sec: float) -> Lease | None:
+        try:
+            return await self._claim(consumer, lease_sec, min(wait_sec, CLAIM_BLOCK_SEC))
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            log.warning("the queue's consumer group is gone (Redis lost its data); creating it again")
+            await self._create_group()
+            return None
+
+    async def _claim(self, consumer: str, lease_sec: float, wait_sec: float) -> Lease | None:
         lease_ms = int(lease_sec * 1000)
         _, claimed, _ = await self.redis.xautoclaim(self.stream, _GROUP, consumer, lease_ms, "0-0", count=1)
         entries = [(eid, fields) for eid, fields in claimed if fields]
         if not entries:
-            reply = cast("list[tuple[str, list[tuple[str, dict[str, str]]]]]", await self.redis.xreadgroup(
+            reply = cast("list[tuple[str, list[tuple[str, dict[str, str]]]]]", await self.blocking.xreadgroup(
                 _GROUP, consumer, {self.stream: ">"}, count=1, block=max(1, int(wait_sec * 1000))
             ))
             entries = reply[0][1] if reply else []

@@ -1,7 +1,8 @@
 """task_id: the gateway names every task.
 
-`generate` (on the submit route) makes a fresh id, sends it upstream as
-`X-Task-Id`, and turns the upstream's 200/201 into the contract's 202 with
+`generate` (on the submit route) sends the task's id upstream as `X-Task-Id`: the
+one an earlier plugin fixed on the context (`idempotency` does, at claim time, so
+a retried submit re-sends it), else a fresh one. It and turns the upstream's 200/201 into the contract's 202 with
 `Location` and `Retry-After`. `check` (on routes with a task id in the path)
 answers 404 at once for anything that is not a task id, without an upstream call.
 """
@@ -42,7 +43,8 @@ class TaskId:
                 raise ApiError(ErrorKind.TASK_NOT_FOUND)
             ctx.task_id = task_id
             return await self.next(ctx)
-        ctx.task_id = new_task_id(self.settings.prefix)
+        if ctx.task_id is None:
+            ctx.task_id = new_task_id(self.settings.prefix)
         ctx.upstream_headers["x-task-id"] = ctx.task_id
         resp = await self.next(ctx)
         if resp.status in (200, 201, 202):
