@@ -35,6 +35,7 @@ from gateway.breakers import STATES, Breakers
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.outbox_drainer import OutboxDrainer
+from gateway.plugins.rate_limit import check_address
 from gateway.response import GatewayResponse
 from gateway.runtime import Runtime, build_runtime, upstreams_of
 from gateway.services import Services, open_state
@@ -94,6 +95,7 @@ class Gateway:
             client=AiohttpUpstream(pool), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
             signer=DownloadSigner(config.download_signing.secrets), upstreams=upstreams_of(config),
             state=open_state(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
+            limiter=Limiter(redis, config.redis_prefix),
         )
         metrics.observe_gauge("gateway_breaker_state", "0 closed, 1 half-open, 2 open", lambda: [
             (STATES.get(b.state, 2), {"upstream": name}) for name, b in services.breakers.by_upstream.items()])
@@ -226,6 +228,7 @@ class Gateway:
         return ok({"status": "ready", "routes": len(self.runtime.config.routes)})
 
     async def openapi(self, request: Request) -> Response:
+        await check_address(self.runtime.services, request.scope)
         return Response(json.dumps(openapi.build(self.runtime.config)), media_type="application/json")
 
     async def metrics(self, request: Request) -> Response:

@@ -54,6 +54,8 @@ class OutboxStore(Protocol):
 
     async def size(self) -> int: ...
 
+    async def tenant_size(self, tenant: str) -> int: ...
+
     async def lock(self, owner: str, ttl: float) -> bool:
         """Take or extend the right to drain; False while another process holds it."""
 
@@ -65,6 +67,7 @@ class SqliteOutbox:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
                         "task_id TEXT UNIQUE NOT NULL, tenant TEXT NOT NULL, item TEXT NOT NULL)")
+        self.db.execute("CREATE INDEX IF NOT EXISTS outbox_by_tenant ON outbox (tenant)")
 
     async def put(self, item: OutboxItem) -> None:
         self.db.execute("INSERT OR IGNORE INTO outbox (task_id, tenant, item) VALUES (?,?,?)",
@@ -84,6 +87,9 @@ class SqliteOutbox:
     async def size(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM outbox").fetchone()[0])
 
+    async def tenant_size(self, tenant: str) -> int:
+        return int(self.db.execute("SELECT count(*) FROM outbox WHERE tenant = ?", (tenant,)).fetchone()[0])
+
     async def lock(self, owner: str, ttl: float) -> bool:
         return True  # the file belongs to this process
 
@@ -91,13 +97,18 @@ class SqliteOutbox:
 class RedisOutbox:
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         self.redis = client
+        self.prefix = prefix
         self.order = f"{prefix}:outbox:order"
         self.items = f"{prefix}:outbox:items"
         self.lock_key = f"{prefix}:outbox:lock"
 
+    def _tenant_key(self, tenant: str) -> str:
+        return f"{self.prefix}:outbox:{{{tenant}}}:ids"
+
     async def put(self, item: OutboxItem) -> None:
         if await self.redis.hsetnx(self.items, item.task_id, item.to_json()):
             await self.redis.rpush(self.order, item.task_id)
+            await self.redis.sadd(self._tenant_key(item.tenant), item.task_id)
 
     async def find(self, tenant: str, task_id: str) -> OutboxItem | None:
         raw = await self.redis.hget(self.items, task_id)
@@ -115,13 +126,19 @@ class RedisOutbox:
         return OutboxItem.from_json(raw)
 
     async def remove(self, task_id: str) -> None:
+        raw = await self.redis.hget(self.items, task_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.lrem(self.order, 1, task_id)
             pipe.hdel(self.items, task_id)
             await pipe.execute()
+        if raw is not None:
+            await self.redis.srem(self._tenant_key(OutboxItem.from_json(raw).tenant), task_id)
 
     async def size(self) -> int:
         return int(await self.redis.llen(self.order))
+
+    async def tenant_size(self, tenant: str) -> int:
+        return int(await self.redis.scard(self._tenant_key(tenant)))
 
     async def lock(self, owner: str, ttl: float) -> bool:
         px = max(1, int(ttl * 1000))

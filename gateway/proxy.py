@@ -27,7 +27,7 @@ HOP_BY_HOP = frozenset({
 # set by the gateway alone; a client's copy is dropped
 GATEWAY_OWNED = frozenset({
     "x-tenant-id", "x-task-id", "x-gateway-attempt", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host",
-    "x-request-id", "authorization", "traceparent", "tracestate",
+    "x-request-id", "authorization", "traceparent", "tracestate", "x-tenant-max-active-tasks",
 })
 
 

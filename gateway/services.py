@@ -8,6 +8,7 @@ import redis.asyncio as aioredis
 
 from exports_common.signing import DownloadSigner
 from gateway.breakers import Breakers
+from gateway.limiter import Limiter
 from gateway.kv import KeyValue, MemoryKV, RedisKV, SqliteKV
 from gateway.outbox_store import OutboxStore, RedisOutbox, SqliteOutbox
 from gateway.retry_budget import RetryBudgets
@@ -50,6 +51,7 @@ class Services:
     upstreams: dict[str, Upstream]
     state: StateStores
     breakers: Breakers
+    limiter: Limiter
     retry_budgets: RetryBudgets = field(default_factory=RetryBudgets)
     public_base_url: str = ""
 

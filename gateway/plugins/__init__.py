@@ -6,6 +6,7 @@ from gateway.plugins.circuit_breaker import CircuitBreaker
 from gateway.plugins.fault import Fault
 from gateway.plugins.idempotency import Idempotency
 from gateway.plugins.outbox import Outbox
+from gateway.plugins.rate_limit import RateLimit
 from gateway.plugins.rerun import Rerun
 from gateway.plugins.retry import Retry
 from gateway.plugins.signed_download import SignedDownload
@@ -16,6 +17,6 @@ from gateway.plugins.timeout import Timeout
 from gateway.plugins.validate import Validate
 
 PLUGINS = {cls.name: cls for cls in (
-    Auth, Validate, Idempotency, TaskId, StatusCache, SignedDownload,
+    RateLimit, Auth, Validate, Idempotency, TaskId, StatusCache, SignedDownload,
     Rerun, StaleIfError, Outbox, Timeout, Retry, CircuitBreaker, Fault,
 )}

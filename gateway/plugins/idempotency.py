@@ -81,7 +81,7 @@ class Idempotency:
         except BaseException:
             await self.store.delete(store_key)
             raise
-        if resp.status >= 500:
+        if resp.status >= 500 or resp.status == 429:  # a refusal for now is no answer to replay later
             await self.store.delete(store_key)
             return resp
         body = await resp.read()
