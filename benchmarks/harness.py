@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import httpx
 
-from tests.conftest import DEMO_KEY
+from tests.conftest import DEMO_KEY, RAISED_LIMITS
 from tests.procs import Service, free_port, wait_until
 
 AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
@@ -22,8 +22,10 @@ class Processes:
         self.workdir = workdir
         self.started: list[Service] = []
 
-    def start(self, module: str, config: dict[str, Any], name: str) -> Service:
-        service = Service(module, config, self.workdir, name).start()
+    def start(self, module: str, config: dict[str, Any], name: str, **env: str) -> Service:
+        if module == "gateway":
+            env = RAISED_LIMITS | env
+        service = Service(module, config, self.workdir, name, env=env).start()
         self.started.append(service)
         return service
 

@@ -34,6 +34,7 @@ from gateway import openapi, telemetry
 from gateway.breakers import STATES, Breakers
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
+from gateway.limiter import Limiter
 from gateway.outbox_drainer import OutboxDrainer
 from gateway.plugins.rate_limit import check_address
 from gateway.response import GatewayResponse

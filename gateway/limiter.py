@@ -27,7 +27,7 @@ log = logging.getLogger("gateway.limiter")
 # how long a process keeps to its local share after Redis failed, before one request tries Redis again
 REDIS_RETRY_SEC = 1.0
 # a check that Redis has not answered by then is decided locally (a stalled Redis must not stall requests)
-REDIS_TIMEOUT_SEC = 0.1
+REDIS_TIMEOUT_SEC = 0.25
 
 _GCRA = """
 local t = redis.call('TIME')
