@@ -8,7 +8,7 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
-.PHONY: install run test bench
+.PHONY: install run test check bench
 install: $(STAMP)
 
 run: $(STAMP)
@@ -16,6 +16,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# lint and type-check: zero findings (CI runs this before the tests)
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)

@@ -138,7 +138,8 @@ class BackendApi:
         if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
             raise validation_error("limit", f"must be an integer from 1 to {MAX_LIST_LIMIT}")
         try:
-            items, next_cursor = await self.store.list(tenant, status, int(raw_limit), params.get("cursor") or None)
+            cursor = params.get("cursor") or None
+            items, next_cursor = await self.store.list_tasks(tenant, status, int(raw_limit), cursor)
         except ValueError as exc:
             raise validation_error("cursor", str(exc)) from exc
         now = time.time()

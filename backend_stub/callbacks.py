@@ -35,6 +35,7 @@ class CallbackSender:
         self.store = store
         self.policy = AddressPolicy.from_lists(self.config.allow_hosts, self.config.allow_networks)
         self._in_flight: set[str] = set()
+        self._deliveries: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(self.config.concurrency)
         self._session: aiohttp.ClientSession | None = None
 
@@ -58,7 +59,10 @@ class CallbackSender:
                 continue
             self._in_flight.add(task_id)
             await self._slots.acquire()
-            asyncio.create_task(self._deliver(task_id))
+            delivery = asyncio.create_task(self._deliver(task_id))
+            # the loop keeps only weak references to tasks: hold each until it ends
+            self._deliveries.add(delivery)
+            delivery.add_done_callback(self._deliveries.discard)
 
     def payload(self, task: Task, cb: dict[str, Any]) -> dict[str, Any]:
         event = cb["event"]
@@ -114,5 +118,5 @@ class CallbackSender:
                 if 200 <= resp.status < 300:
                     return None, False
                 return f"the receiver answered {resp.status}", resp.status == 410
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             return f"{type(exc).__name__}: {exc}"[:300], False

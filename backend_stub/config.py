@@ -23,7 +23,7 @@ class FilterSpec(Strict):
     multiple: bool = Field(False, description="enum only: the client may send a list, matching any of it")
 
     @model_validator(mode="after")
-    def _enum_has_values(self) -> "FilterSpec":
+    def _enum_has_values(self) -> FilterSpec:
         if self.type == "enum" and not self.values:
             raise ValueError("an enum filter needs a non-empty 'values' list")
         return self
@@ -93,7 +93,7 @@ class ExportTypeConfig(Strict):
     fault: FaultConfig = Field(default_factory=FaultConfig)
 
     @model_validator(mode="after")
-    def _columns_exist(self) -> "ExportTypeConfig":
+    def _columns_exist(self) -> ExportTypeConfig:
         if self.dataset not in DATASETS:
             raise ValueError(f"unknown dataset {self.dataset!r}; known: {sorted(DATASETS)}")
         columns = DATASETS[self.dataset].columns
@@ -126,7 +126,7 @@ class BackendConfig(Strict):
     export_types: dict[str, ExportTypeConfig]
 
     @model_validator(mode="after")
-    def _timeouts(self) -> "BackendConfig":
+    def _timeouts(self) -> BackendConfig:
         if self.default_timeout_sec > self.max_timeout_sec:
             raise ValueError("default_timeout_sec must not exceed max_timeout_sec")
         if not self.export_types:

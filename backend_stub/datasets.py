@@ -42,7 +42,8 @@ def _orders(seed: int, rows: int) -> Iterator[Row]:
 def _users(seed: int, rows: int) -> Iterator[Row]:
     r = random.Random(seed).random
     for i in range(1, rows + 1):
-        yield (i, f"user{i}", f"user{i}@example.com", COUNTRIES[int(r() * 8)], PLANS[int(r() * 4)], DAYS[int(r() * 730)])
+        yield (i, f"user{i}", f"user{i}@example.com",
+               COUNTRIES[int(r() * 8)], PLANS[int(r() * 4)], DAYS[int(r() * 730)])
 
 
 def _report(seed: int, rows: int) -> Iterator[Row]:

@@ -42,7 +42,7 @@ def _writer(fmt: str, out: TextIO, columns: tuple[str, ...]) -> Callable[[list[R
         writer.writerow(columns)
         return writer.writerows
     dumps = json.JSONEncoder(separators=(",", ":")).encode
-    return lambda chunk: out.write("".join(dumps(dict(zip(columns, row))) + "\n" for row in chunk))
+    return lambda chunk: out.write("".join(dumps(dict(zip(columns, row, strict=False))) + "\n" for row in chunk))
 
 
 class ExportJob:

@@ -67,7 +67,8 @@ def _one(index: int, spec: FilterSpec, value: Any) -> Predicate:
     return lambda row: compare(row[index], value)
 
 
-def compile_filters(specs: dict[str, FilterSpec], columns: tuple[str, ...], filters: dict[str, Any]) -> Predicate | None:
+def compile_filters(specs: dict[str, FilterSpec], columns: tuple[str, ...],
+                    filters: dict[str, Any]) -> Predicate | None:
     """One predicate for all filters, or None when nothing filters (the fast path)."""
     predicates = [_one(columns.index(specs[name].column), specs[name], value) for name, value in filters.items()]
     if not predicates:

@@ -12,7 +12,7 @@ PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, CANCELLED = (
     "PENDING", "RUNNING", "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED",
 )
 TERMINAL = frozenset({COMPLETED, FAILED, TIMEOUT, CANCELLED})
-STATUSES = (PENDING, RUNNING) + tuple(sorted(TERMINAL))
+STATUSES = (PENDING, RUNNING, *tuple(sorted(TERMINAL)))
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Task:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, raw: str | bytes) -> "Task":
+    def from_json(cls, raw: str | bytes) -> Task:
         return cls(**json.loads(raw))
 
     def public(self) -> dict[str, Any]:

@@ -121,7 +121,7 @@ class Workers:
             await self.store.renew(lease, consumer)
         await self._complete(task, lease, future)
 
-    async def _complete(self, task: Task, lease: Lease, future: "asyncio.Future[JobResult]") -> None:
+    async def _complete(self, task: Task, lease: Lease, future: asyncio.Future[JobResult]) -> None:
         spec = self.config.export_types[task.export_type]
         ttl = self.config.task_ttl_sec
         try:

@@ -53,7 +53,7 @@ def run(url: str, seconds: float = 8, connections: int = 32, threads: int = 1, h
             script.write_text(lua)
             cmd += ["-s", str(script)]
         pinned = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
-        out = subprocess.run(cmd + [url], capture_output=True, text=True, timeout=seconds + 30,
+        out = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=seconds + 30,
                              preexec_fn=pinned).stdout
     if "Requests/sec" not in out:
         raise RuntimeError(f"wrk printed no summary for {url}:\n{out}")

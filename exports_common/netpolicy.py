@@ -21,7 +21,7 @@ class AddressPolicy:
     allow_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(default_factory=tuple)
 
     @classmethod
-    def from_lists(cls, hosts: list[str], networks: list[str]) -> "AddressPolicy":
+    def from_lists(cls, hosts: list[str], networks: list[str]) -> AddressPolicy:
         return cls(frozenset(h.lower() for h in hosts), tuple(ipaddress.ip_network(n, strict=False) for n in networks))
 
     def address_allowed(self, ip: IPAddress) -> bool:
@@ -65,7 +65,7 @@ async def refusal(url: str, policy: AddressPolicy, resolve: bool = True) -> str 
     except (socket.gaierror, UnicodeError):
         return None  # unresolvable now: the deliverer checks again when it calls
     for info in infos:
-        ip = ipaddress.ip_address(info[4][0].split("%", 1)[0])
+        ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
         if not policy.address_allowed(ip):
             return f"{host} resolves to {ip}, which is not a public address"
     return None

@@ -30,7 +30,7 @@ def check_timeout(value: Any, max_timeout_sec: int, field: str = "timeout_sec") 
 def check_format(value: Any, field: str = "format") -> str:
     if value not in FORMATS:
         raise validation_error(field, f"must be one of {list(FORMATS)}")
-    return value
+    return str(value)
 
 
 def check_callback_url(value: Any) -> str | None:
@@ -46,7 +46,7 @@ def check_callback_url(value: Any) -> str | None:
             parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise validation_error("callback_url", "must be an absolute http(s) URL of at most 2048 characters")
-    return value
+    return str(value)
 
 
 def check_submit_body(

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 TASK_ID_PATTERN = re.compile(r"^[a-z][a-z0-9]{1,15}-\d{8}-[0-9a-z]{16,32}$")
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{1,15}$")
@@ -12,7 +12,7 @@ SUFFIX_LENGTH = 20  # 36**20 ~ 2**103: collisions are out of reach without coord
 
 
 def new_task_id(prefix: str = "exp", now: datetime | None = None) -> str:
-    day = (now or datetime.now(timezone.utc)).strftime("%Y%m%d")
+    day = (now or datetime.now(UTC)).strftime("%Y%m%d")
     suffix = "".join(secrets.choice(_ALPHABET) for _ in range(SUFFIX_LENGTH))
     return f"{prefix}-{day}-{suffix}"
 

@@ -221,7 +221,7 @@ class Gateway:
             host = urlsplit(upstream.url).hostname or ""
             try:
                 await asyncio.wait_for(loop.getaddrinfo(host, None, type=socket.SOCK_STREAM), 2.0)
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 problems.append(f"upstream {name}: cannot resolve {host}")
         if problems:
             raise ApiError(ErrorKind.UNAVAILABLE, "not ready: " + "; ".join(problems), data={"problems": problems},

@@ -70,7 +70,7 @@ class RouteConfig(Strict):
     upstream: str
     rewrite: str | None = Field(None, description="upstream path; may use the path's {params}")
     max_body_bytes: int = Field(1_048_576, ge=0, description="a bigger request body gets 413")
-    plugins: list[PluginEntry] = Field(default_factory=list)  # type: ignore[valid-type]
+    plugins: list[PluginEntry] = Field(default_factory=list)
 
     @field_validator("plugins", mode="before")
     @classmethod
@@ -195,7 +195,7 @@ class GatewayConfig(Strict):
         return Limits(by_tenant, self.address_limit.quota(), self.gateway_processes)
 
     @model_validator(mode="after")
-    def _references(self) -> "GatewayConfig":
+    def _references(self) -> GatewayConfig:
         for route in self.routes:
             if route.upstream not in self.upstreams:
                 raise ValueError(f"route {route.name!r} names upstream {route.upstream!r}, "

@@ -33,7 +33,7 @@ class OutboxItem:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, raw: str | bytes) -> "OutboxItem":
+    def from_json(cls, raw: str | bytes) -> OutboxItem:
         data = json.loads(raw)
         data["headers"] = [tuple(h) for h in data["headers"]]
         return cls(**data)
@@ -121,7 +121,7 @@ class RedisOutbox:
             return None
         raw = await self.redis.hget(self.items, task_id)
         if raw is None:
-            await self.redis.lrem(self.order, 1, task_id)
+            await self.redis.lrem(self.order, 1, task_id.decode() if isinstance(task_id, bytes) else task_id)
             return await self.oldest()
         return OutboxItem.from_json(raw)
 

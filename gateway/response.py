@@ -26,20 +26,20 @@ class GatewayResponse:
     _json: Any = field(default=None, repr=False)
 
     @classmethod
-    def envelope(cls, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> "GatewayResponse":
+    def envelope(cls, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> GatewayResponse:
         resp = cls(status, [("content-type", JSON_TYPE)], ok_body(data))
         for name, value in (headers or {}).items():
             resp.set_header(name, value)
         return resp
 
     @classmethod
-    def error(cls, err: ApiError) -> "GatewayResponse":
+    def error(cls, err: ApiError) -> GatewayResponse:
         resp = cls(err.kind.status, [("content-type", JSON_TYPE)], error_body(err))
         for name, value in err.headers.items():
             resp.set_header(name, value)
         return resp
 
-    def copy(self) -> "GatewayResponse":
+    def copy(self) -> GatewayResponse:
         """A copy whose headers can change; only for an answer whose body is bytes."""
         return GatewayResponse(self.status, list(self.headers), self.body)
 

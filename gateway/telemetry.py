@@ -13,7 +13,7 @@ import bisect
 import contextlib
 import itertools
 import random
-from collections import Counter
+from collections import Counter, defaultdict
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping
@@ -55,7 +55,7 @@ class Tally:
 
     def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
         for key, count in list(self.counts.items()):
-            yield Observation(count, dict(zip(self.labels, key)))
+            yield Observation(count, dict(zip(self.labels, key, strict=False)))
 
 
 class LatencyHistogram:
@@ -76,7 +76,7 @@ class LatencyHistogram:
         self.labels = labels
         self.description = description
         self.counts: dict[tuple[str, ...], list[int]] = {}
-        self.sums: Counter[tuple[str, ...]] = Counter()
+        self.sums: defaultdict[tuple[str, ...], float] = defaultdict(float)
         _HISTOGRAMS[name] = self  # the newest with a name is the one exported
 
     def record(self, seconds: float, *values: str) -> None:
@@ -90,7 +90,8 @@ class LatencyHistogram:
         family = HistogramMetricFamily(self.name, self.description, labels=self.labels)
         bounds = [str(b) for b in self.BOUNDS] + ["+Inf"]
         for values, counts in list(self.counts.items()):
-            family.add_metric(list(values), list(zip(bounds, itertools.accumulate(counts))), self.sums[values])
+            cumulative = zip(bounds, itertools.accumulate(counts), strict=True)
+            family.add_metric(list(values), list(cumulative), self.sums[values])
         return family
 
 
@@ -209,7 +210,7 @@ def _sampler(exporter: str, ratio: float) -> Sampler:
 def setup(service_name: str, exporter: Literal["none", "console"], sample_ratio: float = 1.0,
           ) -> tuple[Metrics, Tracing]:
     """Install the providers once per process (OpenTelemetry allows setting them only once)."""
-    global _installed
+    global _installed  # noqa: PLW0603 - OpenTelemetry's providers are process-wide and set once
     if not _installed:
         resource = Resource.create({"service.name": service_name})
         metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[PrometheusMetricReader()]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import AsyncIterator, Literal, Protocol
+from typing import AsyncIterable, AsyncIterator, Literal, Protocol
 
 import aiohttp
 
@@ -35,7 +35,7 @@ class UpstreamError(Exception):
         self.retry_after = retry_after
 
 
-Body = bytes | AsyncIterator[bytes] | None
+Body = bytes | AsyncIterable[bytes] | None
 
 
 class UpstreamClient(Protocol):
@@ -71,7 +71,7 @@ class AiohttpUpstream:
             resp = await self.session.request(
                 method, url, headers=headers, data=body, allow_redirects=False, timeout=timeout
             )
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _classify(exc) from exc
         out_headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in resp.raw_headers]
         return GatewayResponse(resp.status, out_headers, stream=self._body(resp), release=resp.release)
@@ -81,7 +81,7 @@ class AiohttpUpstream:
         try:
             async for chunk in resp.content.iter_chunked(CHUNK):
                 yield chunk
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _classify(exc) from exc
 
     async def close(self) -> None:

@@ -32,7 +32,7 @@ def wait_until(check: Callable[[], Any], timeout: float = 15.0, interval: float 
             value = check()
             if value:
                 return value
-        except Exception as exc:  # the thing polled may not be up yet
+        except Exception as exc:  # noqa: BLE001 - the thing polled may not be up yet
             last_error = exc
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what} (last error: {last_error})")
@@ -72,7 +72,7 @@ class Service:
     def write_config(self) -> None:
         self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
 
-    def start(self, timeout: float = 20.0) -> "Service":
+    def start(self, timeout: float = 20.0) -> Service:
         self.write_config()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -127,7 +127,7 @@ class RedisServer:
         self.workdir = workdir
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(self.workdir)],

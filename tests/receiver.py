@@ -23,7 +23,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
                 with receiver.lock:
                     receiver.received.append(Received(time.monotonic(), {k.lower(): v for k, v in self.headers.items()},
@@ -43,7 +43,7 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/exports"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "Receiver":
+    def __enter__(self) -> Receiver:
         self.thread.start()
         return self
 

@@ -1,6 +1,7 @@
 """Signed callbacks from the backend to a real receiver (CONTRACT section 4)."""
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any, Callable
@@ -54,7 +55,7 @@ def test_retries_at_1_4_16_offsets_with_the_same_webhook_id(services: Callable[.
     assert len(tries) == 3
     assert {t.headers["webhook-id"] for t in tries} == {f"msg_{task_id}_1"}
     assert {json.loads(t.body)["callback_seq"] for t in tries} == {1}
-    gaps = [b.at - a.at for a, b in zip(tries, tries[1:])]
+    gaps = [b.at - a.at for a, b in itertools.pairwise(tries)]
     assert 0.9 <= gaps[0] <= 1.6 and 3.9 <= gaps[1] <= 4.6, gaps
     assert all(webhooks.verify(SECRET, t.headers, t.body) for t in tries)
     assert callback_state(backend, task_id)["attempts"] == 3

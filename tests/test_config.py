@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from backend_stub.config import BackendConfig
 from exports_common.config_loader import ConfigError, interpolate, load_model
@@ -29,7 +30,7 @@ def test_shipped_configs_are_valid(module: str, path: str) -> None:
     ("gateway", GatewayConfig, "config/gateway.schema.json"),
     ("backend_stub", BackendConfig, "config/backend.schema.json"),
 ])
-def test_shipped_schema_matches_the_models(module: str, model: type, schema: str) -> None:
+def test_shipped_schema_matches_the_models(module: str, model: type[BaseModel], schema: str) -> None:
     assert json.loads((ROOT / schema).read_text()) == model.model_json_schema(), \
         f"regenerate with: python -m {module} schema > {schema}"
 

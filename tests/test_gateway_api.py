@@ -21,7 +21,7 @@ from tests.conftest import (
     backend_config,
     gateway_config,
 )
-from tests.helpers import assert_envelope_error, upstream_calls, wait_status
+from tests.helpers import TERMINAL, assert_envelope_error, upstream_calls, wait_status
 from tests.procs import Service, wait_until
 
 API = "/api/v1/exports"
@@ -42,9 +42,8 @@ class Stack:
             return c.post(API, json=body, headers=headers)
 
     def wait(self, task_id: str, statuses: set[str] | None = None, key: str = DEMO_KEY) -> dict[str, Any]:
-        kwargs = {"statuses": statuses} if statuses else {}
-        return wait_status(self.gateway.url, task_id, path=f"{API}/", headers={"Authorization": f"Bearer {key}"},
-                           **kwargs)
+        return wait_status(self.gateway.url, task_id, statuses or TERMINAL, path=f"{API}/",
+                           headers={"Authorization": f"Bearer {key}"})
 
     def upstream_calls(self, route: str) -> int:
         return upstream_calls(self.gateway.url, route)
@@ -135,11 +134,14 @@ def test_signed_download_range_tamper_and_expiry(stack: Stack) -> None:
     assert_envelope_error(anonymous.get(url[:-1] + ("0" if url[-1] != "0" else "1")), 403, 40300)
     assert_envelope_error(anonymous.get(url.split("?")[0]), 403, 40300)
     other = stack.submit({"export_type": "report_export"}).json()["data"]["task_id"]
-    expires = int(re.search(r"expires=(\d+)", url).group(1))
+    found = re.search(r"expires=(\d+)", url)
+    assert found is not None, url
+    expires = int(found.group(1))
     swapped = url.replace(task_id, other)
     assert_envelope_error(anonymous.get(swapped), 403, 40300)
     past = int(time.time()) - 10
-    expired = f"{stack.gateway.url}{API}/{task_id}/download?expires={past}&sig={DownloadSigner([SECRET]).sign(task_id, past)}"
+    past_sig = DownloadSigner([SECRET]).sign(task_id, past)
+    expired = f"{stack.gateway.url}{API}/{task_id}/download?expires={past}&sig={past_sig}"
     assert_envelope_error(anonymous.get(expired), 410, 41000)
     assert expires > time.time()
 
@@ -158,7 +160,8 @@ def test_large_download_streams_with_flat_gateway_memory(stack: Stack) -> None:
             received += len(chunk)
             peak = max(peak, stack.gateway.rss_bytes())
     assert received == size
-    assert peak - before < 20 * 1024 * 1024, f"gateway grew by {(peak - before) / 2**20:.1f} MiB for {size / 2**20:.0f} MiB"
+    assert peak - before < 20 * 1024 * 1024, \
+        f"gateway grew by {(peak - before) / 2**20:.1f} MiB for {size / 2**20:.0f} MiB"
 
 
 def test_list_is_own_tasks_newest_first_with_cursor_and_signed_links(stack: Stack) -> None:
@@ -254,7 +257,8 @@ def test_idempotency_in_flight_is_409(stack: Stack) -> None:
     (b"export_type=order_export", "application/x-www-form-urlencoded", 415, 41500),
     (b'{"export_type": "order_export"}', None, 415, 41500),
     (b'{"export_type": "order_export", "filters": {"x": "' + b"y" * 70_000 + b'"}}', "application/json", 413, 41300),
-    (b'{"export_type": "order_export", "filters": ' + b'{"a": ' * 40 + b"1" + b"}" * 41, "application/json", 422, 42200),
+    (b'{"export_type": "order_export", "filters": ' + b'{"a": ' * 40 + b"1" + b"}" * 41,
+     "application/json", 422, 42200),
     (b'{"export_type": "no_such_export"}', "application/json", 422, 42200),
     (b'{"export_type": "order_export", "filters": {"region": "mars"}}', "application/json", 422, 42200),
     (b'{"export_type": "order_export", "timeout_sec": 99999}', "application/json", 422, 42200),
@@ -345,7 +349,8 @@ def test_ops_endpoints(stack: Stack) -> None:
         assert metrics.status_code == 200 and "gateway_requests_total" in metrics.text
         assert "gateway_status_cache_total" in metrics.text
         # real Prometheus histograms, in seconds, that histogram_quantile() can read
-        assert re.search(r'^gateway_request_duration_seconds_bucket\{le="0\.1",route="list"\} [1-9]', metrics.text, re.M)
+        assert re.search(r'^gateway_request_duration_seconds_bucket\{le="0\.1",route="list"\} [1-9]',
+                         metrics.text, re.M)
         assert re.search(r'^gateway_upstream_duration_seconds_bucket\{le="\+Inf",route="list",upstream="exports"\} '
                          r'[1-9]', metrics.text, re.M)
         assert re.search(r'^gateway_upstream_duration_seconds_count\{route="list",upstream="exports"\}', metrics.text,

@@ -19,7 +19,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 BREAKER = {"fail_max": 3, "reset_timeout_sec": 2}
 
 
-def tuned(config: dict[str, Any], **plugin_settings: dict[str, Any]) -> dict[str, Any]:
+def tuned(config: dict[str, Any], **plugin_settings: Any) -> dict[str, Any]:
     """The default routes with some plugins' settings replaced (the same on every route that has them)."""
     for route in config["routes"]:
         for i, plugin in enumerate(route["plugins"]):
@@ -30,7 +30,7 @@ def tuned(config: dict[str, Any], **plugin_settings: dict[str, Any]) -> dict[str
 
 
 def resilient_gateway(services: Callable[..., Service], tmp_path: Path, backend: Service, name: str = "gateway",
-                      **settings: dict[str, Any]) -> Service:
+                      **settings: Any) -> Service:
     defaults = {"circuit_breaker": BREAKER, "timeout": {"connect": 0.5, "read": 1, "total": 2.5}}
     return services("gateway", tuned(gateway_config(tmp_path, backend.url), **(defaults | settings)), name=name)
 
@@ -84,14 +84,15 @@ def test_backend_killed_then_restarted(services: Callable[..., Service], tmp_pat
         assert ids.count(task_id) == 1
         done = wait_status(gateway.url, task_id, path=f"{API}/", headers=AUTH)
         assert done["status"] == "COMPLETED" and done["attempt"] == 1
-    assert outboxed == sorted(outboxed, key=lambda t: ids.index(t), reverse=True), "delivered in order"
+    assert outboxed == sorted(outboxed, key=ids.index, reverse=True), "delivered in order"
     assert stats(gateway)["outbox"]["delivered"] == 4
 
 
 def test_backend_hung_timeouts_budget_breaker_and_recovery(services: Callable[..., Service], tmp_path: Path) -> None:
     backend = services("backend_stub", backend_config(tmp_path))
     gateway = resilient_gateway(services, tmp_path, backend, circuit_breaker={"fail_max": 40, "reset_timeout_sec": 2})
-    task_id = httpx.post(f"{gateway.url}{API}", json={"export_type": "slow_export"}, headers=AUTH).json()["data"]["task_id"]
+    submitted = httpx.post(f"{gateway.url}{API}", json={"export_type": "slow_export"}, headers=AUTH)
+    task_id = submitted.json()["data"]["task_id"]
     wait_status(gateway.url, task_id, {"RUNNING"}, path=f"{API}/", headers=AUTH)
     before = upstream_calls(gateway.url, "list")
     backend.signal(signal.SIGSTOP)
@@ -117,8 +118,8 @@ def test_backend_hung_timeouts_budget_breaker_and_recovery(services: Callable[..
         stale = httpx.get(f"{gateway.url}{API}/{task_id}", headers=AUTH, timeout=20)
         assert stale.headers["x-degraded"] == "stale" and 0.95 <= time.monotonic() - started <= 3.0
 
-        wait_until(lambda: breaker_state(gateway) == "open" or not httpx.get(
-            f"{gateway.url}{API}", headers=AUTH, timeout=20).is_success and breaker_state(gateway) == "open", 60,
+        wait_until(lambda: breaker_state(gateway) == "open" or (not httpx.get(
+            f"{gateway.url}{API}", headers=AUTH, timeout=20).is_success and breaker_state(gateway) == "open"), 60,
             interval=0, what="the breaker to open")
         started = time.monotonic()
         fast = httpx.get(f"{gateway.url}{API}/{task_id}", headers=AUTH)

@@ -73,7 +73,7 @@ async def test_update_is_conditional_and_can_enqueue_and_ack_atomically(store: T
                                           ack=lease)
     assert changed and updated is not None and updated.attempt == 2
     again = await store.claim("c1", 30, 0.1)
-    assert again is not None and again.entry_id != lease.entry_id
+    assert again is not None and lease is not None and again.entry_id != lease.entry_id
     assert await store.update("exp-20260101-0000000000000000", lambda t: t) == (None, False)
 
 
@@ -84,7 +84,7 @@ async def test_list_pages_newest_first_and_expiry(store: TaskStore) -> None:
         await store.create(task)
     seen, cursor = [], None
     while True:
-        page, cursor = await store.list("lister", None, 3, cursor)
+        page, cursor = await store.list_tasks("lister", None, 3, cursor)
         seen += [t.task_id for t in page]
         if cursor is None:
             break
@@ -93,9 +93,9 @@ async def test_list_pages_newest_first_and_expiry(store: TaskStore) -> None:
 
     await store.update(tasks[0].task_id, lambda t: dataclasses.replace(t, status=COMPLETED, expire_at=base - 1))
     assert await store.expired(time.time(), 10) == [tasks[0].task_id]
-    assert [t.task_id for t in (await store.list("lister", COMPLETED, 10, None))[0]] == [tasks[0].task_id]
+    assert [t.task_id for t in (await store.list_tasks("lister", COMPLETED, 10, None))[0]] == [tasks[0].task_id]
     await store.delete(tasks[0].task_id)
     assert await store.get(tasks[0].task_id) is None
     assert await store.expired(time.time(), 10) == []
     with pytest.raises(ValueError):
-        await store.list("lister", None, 3, "not-a-cursor")
+        await store.list_tasks("lister", None, 3, "not-a-cursor")

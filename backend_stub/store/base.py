@@ -47,7 +47,7 @@ class TaskStore(Protocol):
         Returns (the record as it now is or None if missing, whether it changed).
         """
 
-    async def list(
+    async def list_tasks(
         self, tenant: str, status: str | None, limit: int, cursor: str | None
     ) -> tuple[list[Task], str | None]: ...
 

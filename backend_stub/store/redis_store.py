@@ -7,7 +7,7 @@ own entry, which resets its idle time.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError, WatchError
@@ -130,7 +130,7 @@ class RedisTaskStore:
                 except WatchError:
                     continue
 
-    async def list(
+    async def list_tasks(
         self, tenant: str, status: str | None, limit: int, cursor: str | None
     ) -> tuple[list[Task], str | None]:
         after = decode_cursor(cursor) if cursor else None
@@ -138,9 +138,10 @@ class RedisTaskStore:
         out: list[Task] = []
         offset, batch = 0, max(limit * 2, 100)
         while len(out) <= limit:
-            ids = await self.redis.zrevrangebyscore(
+            # redis-py types every reply as a union; with decode_responses the shape is known
+            ids = cast("list[tuple[str, float]]", await self.redis.zrevrangebyscore(
                 self._tenant_key(tenant), max_score, "-inf", start=offset, num=batch, withscores=True
-            )
+            ))
             if not ids:
                 break
             offset += len(ids)
@@ -162,9 +163,9 @@ class RedisTaskStore:
         _, claimed, _ = await self.redis.xautoclaim(self.stream, _GROUP, consumer, lease_ms, "0-0", count=1)
         entries = [(eid, fields) for eid, fields in claimed if fields]
         if not entries:
-            reply = await self.redis.xreadgroup(
+            reply = cast("list[tuple[str, list[tuple[str, dict[str, str]]]]]", await self.redis.xreadgroup(
                 _GROUP, consumer, {self.stream: ">"}, count=1, block=max(1, int(wait_sec * 1000))
-            )
+            ))
             entries = reply[0][1] if reply else []
         if not entries:
             return None
@@ -181,10 +182,10 @@ class RedisTaskStore:
             await pipe.execute()
 
     async def expired(self, now: float, limit: int) -> list[str]:
-        return list(await self.redis.zrangebyscore(self.expiry, "-inf", now, start=0, num=limit))
+        return cast("list[str]", await self.redis.zrangebyscore(self.expiry, "-inf", now, start=0, num=limit))
 
     async def due_callbacks(self, now: float, limit: int) -> list[str]:
-        return list(await self.redis.zrangebyscore(self.callbacks, "-inf", now, start=0, num=limit))
+        return cast("list[str]", await self.redis.zrangebyscore(self.callbacks, "-inf", now, start=0, num=limit))
 
     async def delete(self, task_id: str) -> None:
         task = await self.get(task_id)

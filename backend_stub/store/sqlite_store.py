@@ -122,7 +122,7 @@ class SqliteTaskStore:
                 self._enqueue(task_id)
         return new, True
 
-    async def list(
+    async def list_tasks(
         self, tenant: str, status: str | None, limit: int, cursor: str | None
     ) -> tuple[list[Task], str | None]:
         sql = "SELECT body FROM tasks WHERE tenant = ?"
@@ -151,7 +151,7 @@ class SqliteTaskStore:
                 return lease
             try:
                 await asyncio.wait_for(self._wakeup.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _try_claim(self, consumer: str, lease_sec: float) -> Lease | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from gateway.plugins.auth import Auth
+from gateway.plugins.base import Plugin
 from gateway.plugins.circuit_breaker import CircuitBreaker
 from gateway.plugins.fault import Fault
 from gateway.plugins.idempotency import Idempotency
@@ -16,7 +17,8 @@ from gateway.plugins.task_id import TaskId
 from gateway.plugins.timeout import Timeout
 from gateway.plugins.validate import Validate
 
-PLUGINS = {cls.name: cls for cls in (
+# each class takes its own Settings type; the config layer validated settings against cls.Settings
+PLUGINS: dict[str, type[Plugin]] = {cls.name: cls for cls in (
     RateLimit, Auth, Validate, Idempotency, TaskId, StatusCache, SignedDownload,
     Rerun, StaleIfError, Outbox, Timeout, Retry, CircuitBreaker, Fault,
 )}

@@ -5,7 +5,7 @@ calling it, after it, or answer without calling it at all.
 """
 from __future__ import annotations
 
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -20,8 +20,8 @@ class Settings(BaseModel):
 
 class Plugin(Protocol):
     name: ClassVar[str]
-    Settings: ClassVar[type[BaseModel]]
+    Settings: ClassVar[type[Any]]  # each plugin narrows it to its own model (protocol members are invariant)
 
-    def __init__(self, next: Handler, settings: BaseModel, services: Services, route: str) -> None: ...
+    def __init__(self, next: Handler, settings: Any, services: Services, route: str) -> None: ...
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse: ...

@@ -27,9 +27,16 @@ class RerunOverrides(Settings):
     degraded: bool = True
 
 
+RerunCause = Literal["TIMEOUT", "FAILED_RETRYABLE"]
+
+
+def _default_causes() -> list[RerunCause]:
+    return ["TIMEOUT", "FAILED_RETRYABLE"]
+
+
 class RerunSettings(Settings):
     max_reruns: int = Field(1, ge=0, le=10)
-    on: list[Literal["TIMEOUT", "FAILED_RETRYABLE"]] = Field(default_factory=lambda: ["TIMEOUT", "FAILED_RETRYABLE"])
+    on: list[RerunCause] = Field(default_factory=_default_causes)
     overrides: RerunOverrides = Field(default_factory=RerunOverrides)
     path: str = Field("/exports/{task_id}/retry", description="the upstream's re-run endpoint")
     param: str = "task_id"
@@ -57,7 +64,7 @@ class Rerun:
         resp = await self.next(ctx)
         doc = await resp.json() if resp.status == 200 else None
         task = doc.get("data") if isinstance(doc, dict) else None
-        if not self._eligible(task):
+        if not isinstance(task, dict) or not self._eligible(task):
             return resp
         current = await self._rerun(ctx, task)
         if current is None:

@@ -39,10 +39,14 @@ class BudgetSettings(Settings):
                                 "retries allowed per window on top of the ratio")
 
 
+def _default_retry_on() -> list[Reason]:
+    return ["connect_error", "timeout", "reset", 502, 503, 504]
+
+
 class RetrySettings(Settings):
     attempts: int = Field(3, ge=1, le=10, description="total tries, the first included")
     backoff: BackoffSettings = Field(default_factory=BackoffSettings)
-    retry_on: list[Reason] = Field(default_factory=lambda: ["connect_error", "timeout", "reset", 502, 503, 504])
+    retry_on: list[Reason] = Field(default_factory=_default_retry_on)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     max_body_bytes: int = Field(1_048_576, ge=0, description="a body is kept to be sent again up to this size")
 

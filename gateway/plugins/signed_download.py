@@ -42,7 +42,8 @@ class SignedDownload:
         data = doc.get("data") if isinstance(doc, dict) else None
         if isinstance(data, dict):
             base = self.services.public_base_url or str(ctx.request.base_url).rstrip("/")
-            tasks = data.get("items") if isinstance(data.get("items"), list) else [data]
+            items = data.get("items")
+            tasks = items if isinstance(items, list) else [data]
             if sum(self._sign(task, base) for task in tasks):
                 resp.replace_json(doc)
         return resp

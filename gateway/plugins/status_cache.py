@@ -34,7 +34,7 @@ def poll_interval(age_sec: float, initial: int, maximum: int) -> int:
     """initial, doubling each time the age doubles: 1 s under 2 s of age, 2 s under 4 s, ... capped."""
     if age_sec < 2 * initial:
         return initial
-    return min(maximum, initial * 2 ** int(math.log2(age_sec / initial)))
+    return min(maximum, initial << int(math.log2(age_sec / initial)))
 
 
 def _answer(snapshot: bytes, cache: str) -> GatewayResponse:
@@ -96,7 +96,8 @@ class StatusCache:
         doc = await resp.json() if resp.status == 200 else None
         data = doc.get("data") if isinstance(doc, dict) else None
         status = data.get("status") if isinstance(data, dict) else None
-        if status is not None and status not in self.terminal and isinstance(data.get("created_at"), str):
+        if isinstance(data, dict) and status is not None and status not in self.terminal \
+                and isinstance(data.get("created_at"), str):
             age = max(0.0, time.time() - parse_rfc3339(data["created_at"]))
             resp.set_header("retry-after", str(poll_interval(age, self.settings.poll_initial_sec,
                                                              self.settings.poll_max_sec)))
