@@ -61,7 +61,8 @@ class BackendApi:
         if not tenant or len(tenant) > 128:
             raise validation_error("X-Tenant-Id", "header must name the tenant (1 to 128 characters)")
         submission = parse_submission(await self._json(request), self.config)
-        await self._check_active_quota(tenant, task_id, parse_active_quota(request.headers.get("x-tenant-max-active-tasks")))
+        quota = parse_active_quota(request.headers.get("x-tenant-max-active-tasks"))
+        await self._check_active_quota(tenant, task_id, quota)
         now = time.time()
         task = Task(
             task_id=task_id, tenant=tenant, export_type=submission.export_type, filters=submission.filters,

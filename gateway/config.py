@@ -115,7 +115,7 @@ class RateConfig(Strict):
 
 class TenantLimitsConfig(Strict):
     requests: RateConfig = Field(default_factory=lambda: RateConfig(per_sec=100, burst=200),
-                                 description="every authenticated request on a route with rate_limit: {limit: requests}")
+                                 description="requests on routes with rate_limit: {limit: requests}")
     submits: RateConfig = Field(default_factory=lambda: RateConfig(per_sec=20, burst=100),
                                 description="submits (rate_limit: {limit: submits})")
     max_active_tasks: int = Field(1000, ge=1, description="PENDING or RUNNING tasks at once; the backend enforces it")

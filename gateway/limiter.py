@@ -58,7 +58,7 @@ class Quota:
         """The time an empty bucket takes to fill: the policy is `burst` requests per this window."""
         return self.burst / self.per_sec
 
-    def share(self, processes: int) -> "Quota":
+    def share(self, processes: int) -> Quota:
         return Quota(self.per_sec / processes, max(1, self.burst // processes))
 
 

@@ -8,8 +8,8 @@ import redis.asyncio as aioredis
 
 from exports_common.signing import DownloadSigner
 from gateway.breakers import Breakers
-from gateway.limiter import Limiter
 from gateway.kv import KeyValue, MemoryKV, RedisKV, SqliteKV
+from gateway.limiter import Limiter
 from gateway.outbox_store import OutboxStore, RedisOutbox, SqliteOutbox
 from gateway.retry_budget import RetryBudgets
 from gateway.telemetry import Metrics, Tracing

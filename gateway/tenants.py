@@ -22,7 +22,7 @@ class TenantLimits:
 @dataclass(frozen=True)
 class Limits:
     by_tenant: dict[str, TenantLimits] = field(default_factory=dict)
-    per_address: Quota = Quota(20, 50)
+    per_address: Quota = field(default_factory=lambda: Quota(20, 50))
     gateway_processes: int = 1
 
 

@@ -6,7 +6,6 @@ limits raised through the environment).
 """
 from __future__ import annotations
 
-import re
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
