@@ -108,6 +108,10 @@ class Limiter:
         self.prefix = prefix
         self._script: Any = redis.register_script(_GCRA) if redis is not None else None
         self._redis_down_until = 0.0
+        # bucket -> when Redis said the next request fits: until then every gateway's request would be
+        # refused too (no token accrues anywhere sooner), so a flood's refusals cost no round trip
+        self._refused_until: dict[str, float] = {}
+        self._refused_sweep_at = 10_000
 
     async def hit(self, tag: str, limit: str, quota: Quota, processes: int) -> Decision:
         """One request against bucket `limit` of `tag` (a tenant or a client address).
@@ -117,6 +121,12 @@ class Limiter:
         key = f"{self.prefix}:rl:{{{tag}}}:{limit}"
         if self._script is None:
             return self.local.hit(key, quota)
+        refused_until = self._refused_until.get(key)
+        if refused_until is not None:
+            wait = refused_until - time.monotonic()
+            if wait > 0:
+                return Decision(False, 0, wait, quota.window_sec)
+            del self._refused_until[key]
         if self._redis_down_until:
             now = time.monotonic()
             if now < self._redis_down_until:
@@ -136,4 +146,14 @@ class Limiter:
         if self._redis_down_until:
             log.info("rate limits: Redis is back; limits are shared again")
             self._redis_down_until = 0.0
-        return Decision(bool(allowed), int(remaining), int(retry_ms) / 1000.0, int(reset_ms) / 1000.0)
+        decision = Decision(bool(allowed), int(remaining), int(retry_ms) / 1000.0, int(reset_ms) / 1000.0)
+        if not decision.allowed:
+            self._remember_refusal(key, decision.retry_after)
+        return decision
+
+    def _remember_refusal(self, key: str, retry_after: float) -> None:
+        now = time.monotonic()
+        if len(self._refused_until) > self._refused_sweep_at:
+            self._refused_until = {k: t for k, t in self._refused_until.items() if t > now}
+            self._refused_sweep_at = max(10_000, 2 * len(self._refused_until))
+        self._refused_until[key] = now + retry_after

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import httpx
 import pytest
 
+from gateway.limiter import Quota, gcra
 from tests.conftest import ADMIN_TOKEN, DEMO2_KEY, DEMO_KEY, backend_config, gateway_config
 from tests.helpers import assert_envelope_error
 from tests.procs import RedisServer, Service, free_port
@@ -197,3 +198,18 @@ def test_the_outbox_is_capped_per_tenant_and_in_all(services: Callable[..., Serv
     assert int(full.headers["retry-after"]) >= 1
     stats = httpx.get(f"{gateway.url}/admin/stats", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()
     assert stats["data"]["outbox"]["pending"] == 4
+
+
+def test_gcra_admits_the_burst_at_once_then_the_rate() -> None:
+    quota = Quota(per_sec=10, burst=5)
+    tat, now = 0.0, 100.0
+    decisions = []
+    for _ in range(6):
+        decision, new_tat = gcra(tat, now, quota)
+        decisions.append(decision)
+        tat = new_tat if new_tat is not None else tat
+    assert [d.allowed for d in decisions] == [True] * 5 + [False]
+    assert [d.remaining for d in decisions[:5]] == [4, 3, 2, 1, 0]
+    assert decisions[5].retry_after == pytest.approx(0.1)
+    assert gcra(tat, now + 0.1, quota)[0].allowed
+    assert Quota(per_sec=10, burst=5).share(2) == Quota(per_sec=5, burst=2)
