@@ -37,7 +37,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
     for status in statuses:
         kinds = ", ".join(f"{k.code} {k.name}" for k in ErrorKind if k.status == status)
         out[str(status)] = _json(_ref("Error"), f"error envelope; code: {kinds}",
-                                 retry if status in (409, 503) else None)
+                                 retry if status in (409, 429, 503) else None)
     return out
 
 
@@ -154,7 +154,7 @@ def build(config: GatewayConfig) -> dict[str, Any]:
                             "Retry-After": _header("seconds until the first poll"),
                             "Idempotent-Replayed": _header("true when this is the stored answer to an "
                                                            "earlier request with the same key")}),
-                        **_errors(400, 401, 409, 413, 415, 422, 502, 503, 504),
+                        **_errors(400, 401, 409, 413, 415, 422, 429, 502, 503, 504),
                     },
                 },
                 "get": {
@@ -167,14 +167,14 @@ def build(config: GatewayConfig) -> dict[str, Any]:
                          "description": "the next_cursor of the previous page; anything else is 422"},
                     ],
                     "responses": {"200": _json(_ref("TaskListEnvelope"), "a page of tasks"),
-                                  **_errors(401, 422, 502, 503, 504)},
+                                  **_errors(401, 422, 429, 502, 503, 504)},
                 },
             },
             "/api/v1/exports/{task_id}": {
                 "get": {
                     "operationId": "getExport", "summary": "Poll a task",
                     "parameters": [TASK_ID_PARAM],
-                    "responses": {"200": _json(task, "the task", poll), **_errors(401, 404, 502, 503, 504)},
+                    "responses": {"200": _json(task, "the task", poll), **_errors(401, 404, 429, 502, 503, 504)},
                 },
             },
             "/api/v1/exports/{task_id}/cancel": {
@@ -182,7 +182,7 @@ def build(config: GatewayConfig) -> dict[str, Any]:
                     "operationId": "cancelExport", "summary": "Cancel a PENDING or RUNNING task",
                     "parameters": [TASK_ID_PARAM],
                     "responses": {"200": _json(task, "the task, CANCELLED"),
-                                  **_errors(401, 404, 409, 413, 502, 503, 504)},
+                                  **_errors(401, 404, 409, 413, 429, 502, 503, 504)},
                 },
             },
             "/api/v1/exports/{task_id}/download": {
@@ -202,7 +202,7 @@ def build(config: GatewayConfig) -> dict[str, Any]:
                         "206": {"description": "the requested range", "content": {
                             "text/csv": {"schema": {"type": "string"}},
                             "application/x-ndjson": {"schema": {"type": "string"}}}},
-                        **_errors(401, 403, 404, 410, 502, 503, 504),
+                        **_errors(401, 403, 404, 410, 429, 502, 503, 504),
                     },
                 },
             },
