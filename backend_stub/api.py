@@ -11,6 +11,7 @@ from starlette.routing import Route
 from backend_stub import lifecycle
 from backend_stub.config import BackendConfig
 from backend_stub.files import ResultFiles
+from backend_stub.filters import filters_schema
 from backend_stub.http_fault import RequestCounter
 from backend_stub.models import COMPLETED, STATUSES, Task
 from backend_stub.store import TaskStore
@@ -18,6 +19,7 @@ from backend_stub.submission import parse_active_quota, parse_rerun, parse_submi
 from exports_common.envelope import ok
 from exports_common.errors import ApiError, ErrorKind, validation_error
 from exports_common.json_body import parse_json, read_limited
+from exports_common.submit_body import FORMATS
 from exports_common.task_ids import is_task_id
 
 MAX_LIST_LIMIT = 500
@@ -33,6 +35,7 @@ class BackendApi:
     def routes(self) -> list[Route]:
         return [
             Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/export-types", self.export_types, methods=["GET"]),
             Route("/exports", self.create, methods=["POST"]),
             Route("/exports", self.list, methods=["GET"]),
             Route("/exports/{task_id}", self.get, methods=["GET"]),
@@ -44,6 +47,12 @@ class BackendApi:
     async def healthz(self, request: Request) -> Response:
         return ok({"status": "ok", "store": "redis" if self.config.redis_url else "sqlite",
                    "requests": self.counter.requests})
+
+    async def export_types(self, request: Request) -> Response:
+        items = [{"export_type": name, "filters_schema": filters_schema(spec.filters), "formats": list(FORMATS),
+                  "max_attempts": spec.max_attempts, "estimated_completion_sec": self._estimate_sec(name)}
+                 for name, spec in self.config.export_types.items()]
+        return ok({"items": items})
 
     async def _json(self, request: Request) -> Any:
         body = await read_limited(request.stream(), self.config.max_body_bytes, request.headers.get("content-length"))

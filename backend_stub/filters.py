@@ -11,6 +11,7 @@ from exports_common.errors import validation_error
 
 Predicate = Callable[[Row], bool]
 _OPS = {"eq": operator.eq, "gte": operator.ge, "lte": operator.le}
+_OP_WORDS = {"eq": "equals", "gte": "at least", "lte": "at most"}
 
 
 def _check_scalar(name: str, spec: FilterSpec, value: Any) -> Any:
@@ -57,6 +58,28 @@ def validate_filters(specs: dict[str, FilterSpec], raw: Any) -> dict[str, Any]:
         else:
             out[name] = _check_scalar(name, spec, value)
     return out
+
+
+def _scalar_schema(spec: FilterSpec) -> dict[str, Any]:
+    """The JSON Schema of one value, saying exactly what `_check_scalar` accepts."""
+    if spec.type == "string":
+        return {"type": "string", "minLength": 1, "maxLength": 256}
+    if spec.type == "date":
+        return {"type": "string", "format": "date", "pattern": r"^\d{4}-\d{2}-\d{2}$"}
+    if spec.type == "enum":
+        return {"type": "string", "enum": list(spec.values or [])}
+    return {"type": spec.type}
+
+
+def filters_schema(specs: dict[str, FilterSpec]) -> dict[str, Any]:
+    """The JSON Schema of an export type's `filters` object, generated from the same specs that check it."""
+    properties: dict[str, Any] = {}
+    for name, spec in specs.items():
+        scalar = _scalar_schema(spec)
+        described = "any of" if spec.multiple else _OP_WORDS[spec.op]
+        schema = {"anyOf": [scalar, {"type": "array", "items": scalar, "minItems": 1}]} if spec.multiple else scalar
+        properties[name] = {**schema, "description": f"rows whose {spec.column} {described} this value"}
+    return {"type": "object", "additionalProperties": False, "properties": properties}
 
 
 def _one(index: int, spec: FilterSpec, value: Any) -> Predicate:

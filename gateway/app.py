@@ -69,6 +69,7 @@ class Gateway:
         self.config_path = config_path
         self._runtime: Runtime | None = None
         self._config_mtime = self._mtime()
+        self.export_types = openapi.ExportTypesSource()
         self.ops_app = Starlette(routes=self.ops_routes(), lifespan=self.lifespan,
                                  exception_handlers=exception_handlers())
 
@@ -230,7 +231,8 @@ class Gateway:
 
     async def openapi(self, request: Request) -> Response:
         await check_address(self.runtime.services, request.scope)
-        return Response(json.dumps(openapi.build(self.runtime.config)), media_type="application/json")
+        types = await self.export_types.get(self.runtime)
+        return Response(json.dumps(openapi.build(self.runtime.config, types)), media_type="application/json")
 
     async def metrics(self, request: Request) -> Response:
         body, content_type = telemetry.prometheus_text()

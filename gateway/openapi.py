@@ -1,16 +1,30 @@
-"""The OpenAPI 3.1 description of the public API (CONTRACT section 2), served at /openapi.json.
+"""The OpenAPI 3.1 description of the public API, served at /openapi.json.
 
 Export types and limits are read from the submit route's `validate` settings in
-force, so the document describes what this gateway accepts right now.
+force, so the document describes what this gateway accepts right now. The
+filters of each export type are the backend's: `ExportTypesSource` asks the
+backend's export-types endpoint (through the route that serves it publicly) and
+the submit body becomes a union discriminated on `export_type`, one member per
+type with its typed `filters`, so generated clients get typed filters. With the
+backend unreachable and nothing fetched yet, `filters` is a plain object.
 """
 from __future__ import annotations
 
+import json
+import logging
+import time
 from typing import Any
 
 from exports_common.errors import ErrorKind
 from exports_common.submit_body import FORMATS
 from exports_common.task_ids import TASK_ID_PATTERN
 from gateway.config import GatewayConfig, plugin_of
+from gateway.runtime import Runtime
+from gateway.upstream import Timeouts, UpstreamError
+
+log = logging.getLogger("gateway.openapi")
+EXPORT_TYPES_PATH = "/api/v1/export-types"
+ExportTypes = list[dict[str, Any]]
 
 STATUSES = ["PENDING", "RUNNING", "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"]
 NULLABLE_STR = {"type": ["string", "null"]}
@@ -50,11 +64,46 @@ def _validate_settings(config: GatewayConfig) -> Any:
     return None
 
 
-def _schemas(config: GatewayConfig) -> dict[str, Any]:
+def _submit_properties(export_type: dict[str, Any], filters: dict[str, Any], max_timeout: int) -> dict[str, Any]:
+    return {
+        "export_type": export_type,
+        "filters": filters,
+        "callback_url": {"type": ["string", "null"], "format": "uri", "maxLength": 2048,
+                         "description": "absolute http(s) URL of a public address"},
+        "timeout_sec": {"type": "integer", "minimum": 1, "maximum": max_timeout, "default": 300},
+        "format": {"type": "string", "enum": list(FORMATS), "default": "csv"},
+    }
+
+
+def _submit_request(types: ExportTypes | None, allowed: list[str] | None, max_timeout: int) -> dict[str, Any]:
+    """One schema per export type (typed filters) under a discriminated union, or one loose schema."""
+    if types:
+        types = [t for t in types if allowed is None or t["export_type"] in allowed]
+    if not types:
+        export_type: dict[str, Any] = {"type": "string", "enum": allowed} if allowed else {"type": "string",
+                                                                                           "minLength": 1}
+        filters: dict[str, Any] = {"type": ["object", "null"],
+                                   "description": "checked per export type; a bad one is 422 naming it"}
+        return {"SubmitRequest": {"type": "object", "additionalProperties": False, "required": ["export_type"],
+                                  "properties": _submit_properties(export_type, filters, max_timeout)}}
+    out: dict[str, Any] = {}
+    mapping = {}
+    for item in types:
+        name = item["export_type"]
+        mapping[name] = f"#/components/schemas/Submit_{name}"
+        out[f"Filters_{name}"] = item["filters_schema"]
+        filters = {"oneOf": [{"type": "null"}, _ref(f"Filters_{name}")]}
+        out[f"Submit_{name}"] = {"type": "object", "additionalProperties": False, "required": ["export_type"],
+                                 "properties": _submit_properties({"type": "string", "const": name}, filters,
+                                                                  max_timeout)}
+    out["SubmitRequest"] = {"oneOf": [{"$ref": ref} for ref in mapping.values()],
+                            "discriminator": {"propertyName": "export_type", "mapping": mapping}}
+    return out
+
+
+def _schemas(config: GatewayConfig, types: ExportTypes | None) -> dict[str, Any]:
     settings = _validate_settings(config)
-    export_type: dict[str, Any] = {"type": "string", "minLength": 1}
-    if settings is not None and settings.export_types:
-        export_type = {"type": "string", "enum": list(settings.export_types)}
+    allowed = list(settings.export_types) if settings is not None and settings.export_types else None
     max_timeout = settings.max_timeout_sec if settings is not None else 3600
     task = {
         "type": "object",
@@ -80,18 +129,19 @@ def _schemas(config: GatewayConfig) -> dict[str, Any]:
         },
     }
     return {
-        "SubmitRequest": {
-            "type": "object", "additionalProperties": False, "required": ["export_type"],
-            "properties": {
-                "export_type": export_type,
-                "filters": {"type": ["object", "null"],
-                            "description": "checked per export type; a bad one is 422 naming it"},
-                "callback_url": {"type": ["string", "null"], "format": "uri", "maxLength": 2048,
-                                 "description": "absolute http(s) URL of a public address"},
-                "timeout_sec": {"type": "integer", "minimum": 1, "maximum": max_timeout, "default": 300},
-                "format": {"type": "string", "enum": list(FORMATS), "default": "csv"},
-            },
-        },
+        **_submit_request(types, allowed, max_timeout),
+        "ExportType": {"type": "object", "required": ["export_type", "filters_schema", "formats"],
+                       "properties": {"export_type": {"type": "string"},
+                                      "filters_schema": {"type": "object",
+                                                         "description": "JSON Schema of this type's filters"},
+                                      "formats": {"type": "array", "items": {"type": "string", "enum": list(FORMATS)}},
+                                      "max_attempts": {"type": "integer", "minimum": 1},
+                                      "estimated_completion_sec": {"type": "integer", "minimum": 0}}},
+        "ExportTypesEnvelope": {
+            "type": "object", "required": ["code", "message", "data"],
+            "properties": {"code": {"const": 0}, "message": {"const": "success"}, "data": {
+                "type": "object", "required": ["items"],
+                "properties": {"items": {"type": "array", "items": _ref("ExportType")}}}}},
         "Task": task,
         "Result": {"type": "object", "required": ["download_url", "expire_at", "rows", "bytes", "format"],
                    "properties": {"download_url": {"type": "string"},
@@ -123,7 +173,7 @@ TASK_ID_PARAM = {"name": "task_id", "in": "path", "required": True, "schema": {"
                  "description": f"a task id ({TASK_ID_PATTERN.pattern}); anything else is 404"}
 
 
-def build(config: GatewayConfig) -> dict[str, Any]:
+def build(config: GatewayConfig, export_types: ExportTypes | None = None) -> dict[str, Any]:
     task = _ref("TaskEnvelope")
     poll = {"Retry-After": _header("non-terminal: seconds until the next poll (1 doubling to 30)"),
             "X-Cache": _header("HIT when answered from the terminal-status cache",
@@ -135,7 +185,7 @@ def build(config: GatewayConfig) -> dict[str, Any]:
         "info": {"title": "Export gateway", "version": "1.0.0",
                  "description": "Asynchronous exports: submit, poll, cancel, download. Every JSON body is an "
                                 "envelope {code, message, data}; code 0 is success."},
-        "components": {"schemas": _schemas(config),
+        "components": {"schemas": _schemas(config, export_types),
                        "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}}},
         "security": [{"apiKey": []}],
         "paths": {
@@ -168,6 +218,14 @@ def build(config: GatewayConfig) -> dict[str, Any]:
                     ],
                     "responses": {"200": _json(_ref("TaskListEnvelope"), "a page of tasks"),
                                   **_errors(401, 422, 429, 502, 503, 504)},
+                },
+            },
+            EXPORT_TYPES_PATH: {
+                "get": {
+                    "operationId": "listExportTypes", "summary": "The export types the caller may submit",
+                    "responses": {"200": _json(_ref("ExportTypesEnvelope"),
+                                               "each type with the JSON Schema of its filters"),
+                                  **_errors(401, 429, 502, 503, 504)},
                 },
             },
             "/api/v1/exports/{task_id}": {
@@ -208,3 +266,36 @@ def build(config: GatewayConfig) -> dict[str, Any]:
             },
         },
     }
+
+
+class ExportTypesSource:
+    """The backend's export types for the document, fetched at most every `ttl_sec`; the last good list is kept."""
+
+    def __init__(self, ttl_sec: float = 30.0) -> None:
+        self.ttl_sec = ttl_sec
+        self.types: ExportTypes | None = None
+        self.fetched_at = -ttl_sec
+
+    async def get(self, runtime: Runtime) -> ExportTypes | None:
+        if time.monotonic() - self.fetched_at >= self.ttl_sec:
+            self.fetched_at = time.monotonic()
+            self.types = await _fetch(runtime) or self.types
+        return self.types
+
+
+async def _fetch(runtime: Runtime) -> ExportTypes | None:
+    route = next((r for r in runtime.config.routes if r.path == EXPORT_TYPES_PATH and "GET" in r.methods), None)
+    if route is None or route.rewrite is None:
+        return None
+    upstream = runtime.services.upstreams[route.upstream]
+    try:
+        # a document request waits at most a few seconds for the backend, whatever the route's own read timeout
+        timeouts = Timeouts(connect=min(upstream.timeouts.connect, 2.0), read=min(upstream.timeouts.read, 5.0))
+        resp = await runtime.services.client.request("GET", upstream.url + route.rewrite, [], None, timeouts)
+        body = json.loads(await resp.read())
+        items = body["data"]["items"] if resp.status == 200 else None
+    except (UpstreamError, ValueError, KeyError, TypeError) as exc:
+        log.warning("export types unavailable for /openapi.json; filters stay untyped until the backend answers",
+                    extra={"error": str(exc)})
+        return None
+    return items if isinstance(items, list) else None

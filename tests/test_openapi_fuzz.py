@@ -23,7 +23,7 @@ def test_openapi_document_describes_section_2(services: Callable[..., Service], 
     assert doc["openapi"].startswith("3.1")
     paths = doc["paths"]
     assert set(paths) == {"/api/v1/exports", "/api/v1/exports/{task_id}", "/api/v1/exports/{task_id}/cancel",
-                          "/api/v1/exports/{task_id}/download"}
+                          "/api/v1/exports/{task_id}/download", "/api/v1/export-types"}
     submit = paths["/api/v1/exports"]["post"]["responses"]
     assert {"Location", "Retry-After", "Idempotent-Replayed"} <= set(submit["202"]["headers"])
     assert {"X-Cache", "Retry-After", "X-Degraded", "Age"} <= set(

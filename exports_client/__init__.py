@@ -1,0 +1,25 @@
+"""exports_client: the Python client of the export gateway, and the `exportctl` command.
+
+It depends on httpx only (rich for the command's progress bar) and imports
+nothing from the gateway or the backend, so a client installs it alone.
+"""
+from exports_client.aio import AsyncExportsClient
+from exports_client.client import ExportsClient
+from exports_client.errors import (
+    ApiError,
+    DownloadError,
+    ExportsError,
+    NotFound,
+    RateLimited,
+    Unavailable,
+    WaitTimeout,
+    WebhookVerificationError,
+)
+from exports_client.models import CallbackState, ExportType, Result, Task, TaskError
+from exports_client.webhooks import verify_webhook
+
+__all__ = [
+    "ApiError", "AsyncExportsClient", "CallbackState", "DownloadError", "ExportType", "ExportsClient", "ExportsError",
+    "NotFound", "RateLimited", "Result", "Task", "TaskError", "Unavailable", "WaitTimeout",
+    "WebhookVerificationError", "verify_webhook",
+]
