@@ -18,7 +18,7 @@ import pytest
 from gateway.limiter import Quota, gcra
 from tests.conftest import ADMIN_TOKEN, DEMO2_KEY, DEMO_KEY, backend_config, gateway_config
 from tests.helpers import assert_envelope_error
-from tests.procs import RedisServer, Service, free_port
+from tests.procs import RedisServer, Service, free_port, load_default
 
 API = "/api/v1/exports"
 DEMO = {"Authorization": f"Bearer {DEMO_KEY}"}
@@ -214,3 +214,12 @@ def test_gcra_admits_the_burst_at_once_then_the_rate() -> None:
     assert decisions[5].retry_after == pytest.approx(0.1)
     assert gcra(tat, now + 0.1, quota)[0].allowed
     assert Quota(per_sec=10, burst=5).share(2) == Quota(per_sec=5, burst=2)
+
+
+def test_every_shipped_route_is_rate_limited_before_auth() -> None:
+    routes = load_default("gateway.yaml")["routes"]
+    for route in routes:
+        first = route["plugins"][0]
+        assert isinstance(first, dict) and "rate_limit" in first, route["name"]
+    submit = next(r for r in routes if r["name"] == "submit")
+    assert submit["plugins"][0]["rate_limit"] == {"limit": "submits", "active_tasks": True}
