@@ -8,7 +8,7 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
-.PHONY: install run test check bench
+.PHONY: install run test check bench cluster
 install: $(STAMP)
 
 run: $(STAMP)
@@ -21,6 +21,12 @@ test: $(STAMP)
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# Redis, an S3-compatible store, 2 backends, 2 gateways and nginx in front, until Ctrl-C
+cluster: $(STAMP)
+	command -v redis-server >/dev/null && command -v nginx >/dev/null || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nginx-light)
+	$(PY) scripts/run_cluster.py up
 
 bench: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)

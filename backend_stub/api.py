@@ -1,35 +1,50 @@
 """The backend's HTTP API, as the gateway calls it (plain and exact; no public-edge concerns)."""
 from __future__ import annotations
 
+import logging
+import re
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from backend_stub import lifecycle
+from backend_stub.byte_range import requested_range
 from backend_stub.config import BackendConfig
 from backend_stub.files import ResultFiles
 from backend_stub.filters import filters_schema
 from backend_stub.http_fault import RequestCounter
-from backend_stub.models import COMPLETED, STATUSES, Task
+from backend_stub.models import COMPLETED, Task
+from backend_stub.result_store import (
+    ObjectMissing,
+    ResultStore,
+    StoreUnavailable,
+    object_key,
+)
 from backend_stub.store import TaskStore
 from backend_stub.submission import parse_active_quota, parse_rerun, parse_submission
 from exports_common.envelope import ok
-from exports_common.errors import ApiError, ErrorKind, validation_error
+from exports_common.errors import ApiError, ErrorKind, unavailable, validation_error
 from exports_common.json_body import parse_json, read_limited
+from exports_common.list_query import PARAMS, check_list_query
 from exports_common.submit_body import FORMATS
 from exports_common.task_ids import is_task_id
 
-MAX_LIST_LIMIT = 500
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+STORE_RETRY_AFTER_SEC = 5
+log = logging.getLogger("backend.api")
 
 
 class BackendApi:
-    def __init__(self, config: BackendConfig, store: TaskStore, files: ResultFiles, counter: RequestCounter) -> None:
+    def __init__(self, config: BackendConfig, store: TaskStore, files: ResultFiles, results: ResultStore,
+                 counter: RequestCounter) -> None:
         self.config = config
         self.store = store
         self.files = files
+        self.results = results
         self.counter = counter
 
     def routes(self) -> list[Route]:
@@ -72,13 +87,14 @@ class BackendApi:
         submission = parse_submission(await self._json(request), self.config)
         quota = parse_active_quota(request.headers.get("x-tenant-max-active-tasks"))
         await self._check_active_quota(tenant, task_id, quota)
+        traceparent = request.headers.get("traceparent", "")  # sent on to the receiver: only a well-formed one
         now = time.time()
         task = Task(
             task_id=task_id, tenant=tenant, export_type=submission.export_type, filters=submission.filters,
             format=submission.format, timeout_sec=submission.timeout_sec, callback_url=submission.callback_url,
             fingerprint=submission.fingerprint(tenant), created_at=now, updated_at=now,
             callback={"state": "PENDING", "attempts": 0, "last_error": None} if submission.callback_url else None,
-            extra={"traceparent": request.headers["traceparent"]} if "traceparent" in request.headers else {},
+            extra={"traceparent": traceparent} if _TRACEPARENT.fullmatch(traceparent) else {},
         )
         stored, created = await self.store.create(task)
         if not created and stored.fingerprint != task.fingerprint:
@@ -97,16 +113,19 @@ class BackendApi:
                            f"wait for some to finish or cancel some, then submit again",
                            data={"active": active, "limit": quota})
 
-    async def _visible(self, request: Request) -> Task:
-        """The task, if it exists, has not expired, and belongs to the caller's tenant (when one is named)."""
+    async def _owned(self, request: Request) -> Task:
+        """The task, if it exists and belongs to the caller's tenant (when one is named)."""
         task_id = request.path_params["task_id"]
         task = await self.store.get(task_id) if is_task_id(task_id) else None
         tenant = request.headers.get("x-tenant-id")
-        if (
-            task is None
-            or (tenant is not None and task.tenant != tenant)
-            or (task.expire_at is not None and task.terminal and task.expire_at <= time.time())
-        ):
+        if task is None or (tenant is not None and task.tenant != tenant):
+            raise ApiError(ErrorKind.TASK_NOT_FOUND)
+        return task
+
+    async def _visible(self, request: Request) -> Task:
+        """The caller's task, if it has not expired."""
+        task = await self._owned(request)
+        if _expired(task):
             raise ApiError(ErrorKind.TASK_NOT_FOUND)
         return task
 
@@ -133,23 +152,20 @@ class BackendApi:
                 raise ApiError(ErrorKind.STALE_ATTEMPT, f"the task is at attempt {updated.attempt}, not {expected}",
                                data=updated.public())
             raise ApiError(ErrorKind.NOT_RETRYABLE, f"a {updated.status} task cannot be re-run", data=updated.public())
-        self.files.remove_all(task.task_id)
+        self.files.remove_partials(task.task_id)
+        try:  # only TIMEOUT or FAILED tasks re-run, so there is rarely an object; the new attempt overwrites it
+            await self.results.delete(object_key(task.task_id, task.format))
+        except StoreUnavailable as exc:
+            log.warning("could not delete the old result before a re-run", extra={"error": str(exc)})
         return ok(updated.public())
 
     async def list(self, request: Request) -> Response:
-        params = request.query_params
-        tenant = request.headers.get("x-tenant-id") or params.get("tenant")
-        if not tenant:
+        query = check_list_query(request.query_params.multi_items(), PARAMS | {"tenant"})
+        tenant = request.headers.get("x-tenant-id") or request.query_params.get("tenant")
+        if not tenant or len(tenant) > 128:
             raise validation_error("tenant", "name the tenant (X-Tenant-Id header or tenant query parameter)")
-        status = params.get("status")
-        if status is not None and status not in STATUSES:
-            raise validation_error("status", f"must be one of {list(STATUSES)}")
-        raw_limit = params.get("limit", "50")
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
-            raise validation_error("limit", f"must be an integer from 1 to {MAX_LIST_LIMIT}")
         try:
-            cursor = params.get("cursor") or None
-            items, next_cursor = await self.store.list_tasks(tenant, status, int(raw_limit), cursor)
+            items, next_cursor = await self.store.list_tasks(tenant, query.status, query.limit, query.cursor)
         except ValueError as exc:
             raise validation_error("cursor", str(exc)) from exc
         now = time.time()
@@ -157,10 +173,37 @@ class BackendApi:
         return ok({"items": visible, "next_cursor": next_cursor})
 
     async def file(self, request: Request) -> Response:
-        task = await self._visible(request)
-        path = self.files.final(task.task_id, task.format)
-        if task.status != COMPLETED or not path.exists():
-            raise ApiError(ErrorKind.FILE_GONE if task.status == COMPLETED else ErrorKind.TASK_NOT_FOUND,
-                           None if task.status == COMPLETED else "the task has no result file (not COMPLETED)")
+        task = await self._owned(request)
+        if _expired(task):
+            raise ApiError(ErrorKind.FILE_GONE)
+        if task.status != COMPLETED or task.result is None:
+            raise ApiError(ErrorKind.TASK_NOT_FOUND, "the task has no result file (not COMPLETED)")
+        key = object_key(task.task_id, task.format)
+        size = int(task.result["bytes"])
+        headers = {"Accept-Ranges": "bytes", "Content-Disposition": f'attachment; filename="{key}"'}
         media = "text/csv; charset=utf-8" if task.format == "csv" else "application/x-ndjson"
-        return FileResponse(path, media_type=media, filename=path.name)
+        span = requested_range(request.headers.get("range"), size)
+        first, last = span or (0, size - 1)
+        headers["Content-Length"] = str(last - first + 1)
+        if span is not None:
+            headers["Content-Range"] = f"bytes {first}-{last}/{size}"
+        if request.method == "HEAD":
+            return Response(status_code=206 if span else 200, headers=headers, media_type=media)
+        try:
+            chunks = await self.results.read(key, first, last) if size else _nothing()
+        except ObjectMissing:
+            log.error("result object missing for a live task", extra={"key": key, "store": self.results.name})
+            raise ApiError(ErrorKind.RESULT_MISSING, data={"task_id": task.task_id}) from None
+        except StoreUnavailable as exc:
+            log.warning("result store unavailable", extra={"key": key, "error": str(exc)})
+            raise unavailable("the result store cannot be reached", STORE_RETRY_AFTER_SEC) from None
+        return StreamingResponse(chunks, status_code=206 if span else 200, headers=headers, media_type=media)
+
+
+def _expired(task: Task) -> bool:
+    return task.expire_at is not None and task.terminal and task.expire_at <= time.time()
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 
@@ -13,6 +13,7 @@ from backend_stub.callbacks import CallbackSender
 from backend_stub.config import BackendConfig
 from backend_stub.files import ResultFiles
 from backend_stub.http_fault import HttpFault, RequestCounter
+from backend_stub.result_store import open_result_store
 from backend_stub.store import open_store
 from backend_stub.worker import Workers
 from exports_common.envelope import exception_handlers
@@ -21,14 +22,15 @@ from exports_common.envelope import exception_handlers
 def create_app(config: BackendConfig) -> HttpFault:
     store = open_store(config)
     files = ResultFiles(config.data_dir)
-    workers = Workers(config, store, files)
+    results = open_result_store(config.result_store, config.data_dir)
+    workers = Workers(config, store, files, results)
     sender = CallbackSender(config, store)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await store.open()
         await workers.start()
-        sweeper = asyncio.create_task(janitor.run(store, files, config.sweep_interval_sec))
+        sweeper = asyncio.create_task(janitor.run(store, results, config.sweep_interval_sec))
         callbacks = asyncio.create_task(sender.run())
         try:
             yield
@@ -39,6 +41,6 @@ def create_app(config: BackendConfig) -> HttpFault:
             await store.close()
 
     counter = RequestCounter()
-    api = BackendApi(config, store, files, counter)
+    api = BackendApi(config, store, files, results, counter)
     app = Starlette(routes=api.routes(), lifespan=lifespan, exception_handlers=exception_handlers())
     return HttpFault(app, config.http_fault, counter)

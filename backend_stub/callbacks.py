@@ -1,9 +1,17 @@
-"""Delivers callbacks: signed, retried on a schedule, durable, and apart from the export workers.
+"""Delivers callbacks: signed, retried on a schedule, durable, fair across tenants, and apart from the workers.
 
 The pending notification lives on the task record with the time it is next due,
-so deliveries survive a restart. Each try checks the receiver's address again
-(a name may resolve differently now), signs the body after Standard Webhooks,
-does not follow redirects, and counts any 2xx as delivered; a 410 stops at once.
+so deliveries survive a restart. No receiver can stall the sender:
+- any failure of a try (refused address, bad name, reset, timeout, redirect, an
+  exception nobody foresaw) is recorded as a failed try, so the schedule moves on;
+- the answer's status is all that is used; the body is never read, so a huge or
+  endless body costs nothing, and each try is bounded by `timeout_sec`;
+- dispatch is fair: the free slots go round robin to the tenants with due
+  deliveries, fewest in flight first, and no tenant holds more than its share;
+- the connection goes to an address that passed the SSRF check (`PinnedResolver`),
+  never to a second lookup's answer; the name is kept for Host and TLS.
+Bodies are signed after Standard Webhooks; redirects are not followed; any 2xx
+is delivered and a 410 stops at once.
 """
 from __future__ import annotations
 
@@ -11,6 +19,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 import aiohttp
@@ -20,11 +29,15 @@ from backend_stub.config import BackendConfig
 from backend_stub.models import Task
 from backend_stub.store import TaskStore
 from exports_common import webhooks
-from exports_common.netpolicy import AddressPolicy, refusal
+from exports_common.netpolicy import AddressPolicy, PinnedResolver, RefusedAddress, refusal
 from exports_common.signing import DownloadSigner
 from exports_common.timefmt import rfc3339
 
 log = logging.getLogger("backend.callbacks")
+
+
+def error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 class CallbackSender:
@@ -34,35 +47,79 @@ class CallbackSender:
         self.signer = DownloadSigner(config.download_links.secrets)
         self.store = store
         self.policy = AddressPolicy.from_lists(self.config.allow_hosts, self.config.allow_networks)
-        self._in_flight: set[str] = set()
+        self.share = self.config.per_tenant_concurrency or max(1, self.config.concurrency // 2)
+        self._in_flight: dict[str, str] = {}  # task id -> tenant
+        self._tenant_of: dict[str, str] = {}  # due task id -> tenant, kept while the task stays due
+        self._last_turn: dict[str, int] = {}  # tenant -> the turn it last got a slot on
+        self._turn = 0
+        self._logged: set[str] = set()  # task ids whose repeated failure was logged already
+        self._dispatch_failing = False
         self._deliveries: set[asyncio.Task[None]] = set()
-        self._slots = asyncio.Semaphore(self.config.concurrency)
         self._session: aiohttp.ClientSession | None = None
 
     async def run(self) -> None:
-        self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
+        connector = aiohttp.TCPConnector(resolver=PinnedResolver(self.policy), use_dns_cache=False,
+                                         limit=self.config.concurrency)
+        self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
         try:
             while True:
                 try:
                     await self._dispatch_due()
+                    if self._dispatch_failing:
+                        log.info("callback dispatch works again")
+                    self._dispatch_failing = False
                 except asyncio.CancelledError:
                     raise
-                except Exception:
-                    log.exception("callback dispatch failed; will try again")
+                except Exception as exc:  # noqa: BLE001 - the store is down: logged once, not every poll
+                    if not self._dispatch_failing:
+                        log.error("callback dispatch failed; retrying every poll until the store answers",
+                                  extra={"error": error_text(exc)})
+                    self._dispatch_failing = True
                 await asyncio.sleep(self.config.poll_interval_sec)
         finally:
             await self._session.close()
 
     async def _dispatch_due(self) -> None:
-        for task_id in await self.store.due_callbacks(time.time(), 100):
-            if task_id in self._in_flight or self._slots.locked():
+        due = await self.store.due_callbacks(time.time(), self.config.scan_limit)
+        queues: dict[str, list[str]] = {}
+        tenant_of: dict[str, str] = {}
+        for task_id in due:
+            if task_id in self._in_flight:
                 continue
-            self._in_flight.add(task_id)
-            await self._slots.acquire()
+            tenant = self._tenant_of.get(task_id)
+            if tenant is None:
+                task = await self.store.get(task_id)
+                if task is None:
+                    continue
+                tenant = task.tenant
+            tenant_of[task_id] = tenant
+            queues.setdefault(tenant, []).append(task_id)
+        self._tenant_of = tenant_of
+        self._last_turn = {t: turn for t, turn in self._last_turn.items() if t in queues}  # bounded by due tenants
+        for task_id in self.pick(queues):
+            self._in_flight[task_id] = tenant_of[task_id]
             delivery = asyncio.create_task(self._deliver(task_id))
             # the loop keeps only weak references to tasks: hold each until it ends
             self._deliveries.add(delivery)
             delivery.add_done_callback(self._deliveries.discard)
+
+    def pick(self, queues: dict[str, list[str]]) -> list[str]:
+        """Due deliveries to start now: one at a time to the tenant with the fewest in flight
+        (the one served longest ago on a tie), none to a tenant at its share."""
+        free = self.config.concurrency - len(self._in_flight)
+        load = Counter(self._in_flight.values())
+        waiting = {tenant: list(ids) for tenant, ids in queues.items() if load[tenant] < self.share}
+        picked: list[str] = []
+        while free > 0 and waiting:
+            tenant = min(waiting, key=lambda t: (load[t], self._last_turn.get(t, 0)))
+            picked.append(waiting[tenant].pop(0))
+            load[tenant] += 1
+            self._turn += 1
+            self._last_turn[tenant] = self._turn
+            free -= 1
+            if not waiting[tenant] or load[tenant] >= self.share:
+                del waiting[tenant]
+        return picked
 
     def payload(self, task: Task, cb: dict[str, Any]) -> dict[str, Any]:
         event = cb["event"]
@@ -84,22 +141,28 @@ class CallbackSender:
             if task is None or task.callback is None or task.callback_url is None:
                 return
             cb = task.callback
-            error, final = await self._try(task, cb)
+            try:
+                error, final = await self._try(task, cb)
+            except Exception as exc:  # noqa: BLE001 - whatever failed, it was one failed try: the schedule moves on
+                error, final = error_text(exc), False
             await self.store.update(task_id, lifecycle.callback_attempted(cb["seq"], error,
                                                                           self.config.retry_delays_sec, final))
             outcome = "delivered" if error is None else ("failed" if final else "will retry")
             log.info(f"callback {outcome}", extra={"task_id": task_id, "callback_seq": cb["seq"],
                                                     "try": cb["attempts"] + 1, "error": error})
-        except Exception:
-            log.exception("callback delivery crashed", extra={"task_id": task_id})
+            self._logged.discard(task_id)
+        except Exception as exc:  # noqa: BLE001 - the store failed: the delivery stays due, tried again later
+            if task_id not in self._logged:
+                self._logged.add(task_id)
+                log.warning("callback delivery could not be recorded; it stays due",
+                            extra={"task_id": task_id, "error": error_text(exc)})
         finally:
-            self._in_flight.discard(task_id)
-            self._slots.release()
+            self._in_flight.pop(task_id, None)
 
     async def _try(self, task: Task, cb: dict[str, Any]) -> tuple[str | None, bool]:
         """(why it failed or None, whether that is final)."""
         url = task.callback_url or ""
-        reason = await refusal(url, self.policy)
+        reason = await refusal(url, self.policy, resolve=False)  # names are judged by the pinned resolver
         if reason is not None:
             return f"refused: {reason}", True
         secrets = self.config.secrets_for(task.tenant)
@@ -114,9 +177,13 @@ class CallbackSender:
         try:
             async with self._session.post(url, data=body, headers=headers, allow_redirects=False,
                                           timeout=aiohttp.ClientTimeout(total=self.config.timeout_sec)) as resp:
-                await resp.read()
+                # the status is the answer; the body is never read, so its size cannot matter
                 if 200 <= resp.status < 300:
                     return None, False
                 return f"the receiver answered {resp.status}", resp.status == 410
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            return f"{type(exc).__name__}: {exc}"[:300], False
+        except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.os_error, RefusedAddress):  # refused now, refused on every try: final
+                return f"refused: {exc.os_error}", True
+            return error_text(exc), False
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return error_text(exc), False

@@ -52,6 +52,9 @@ class CallbackConfig(Strict):
                                           description="waits between tries; then the callback is FAILED")
     timeout_sec: float = Field(10.0, gt=0, description="per try")
     concurrency: int = Field(8, ge=1, le=256, description="deliveries in flight at once")
+    per_tenant_concurrency: int | None = Field(None, ge=1, le=256, description="at most this many in flight for one "
+                                               "tenant, so others always find a slot; default half of concurrency")
+    scan_limit: int = Field(1000, ge=1, le=100_000, description="due deliveries looked at per poll, soonest first")
     poll_interval_sec: float = Field(0.2, gt=0)
     secrets: dict[str, list[str]] = Field(default_factory=dict, description="tenant -> whsec_ secrets; all sign")
     default_secrets: list[str] = Field(default_factory=list, description="for tenants without their own")
@@ -110,6 +113,10 @@ class BackendConfig(Strict):
     data_dir: str = ".data/backend"
     redis_url: str = Field("", description="empty: embedded SQLite store; set: shared Redis store and queue")
     redis_prefix: str = "exports"
+    result_store: str = Field("", pattern=r"^$|^file://.+|^s3://[^/]+(/.*)?$", description=(
+        "where result files live: empty (file:// under data_dir), file://PATH, or s3://BUCKET/PREFIX "
+        "(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION); several backends need "
+        "one store they all read"))
     workers: int = Field(2, ge=1, le=64)
     lease_sec: float = Field(30.0, gt=0, description="a dead worker's task is picked up again after this")
     progress_interval_sec: float = Field(0.5, gt=0)

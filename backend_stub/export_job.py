@@ -10,14 +10,16 @@ import csv
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from backend_stub.config import ExportTypeConfig
 from backend_stub.datasets import DATASETS, Row
 from backend_stub.filters import compile_filters
+from backend_stub.result_store import StoreUnavailable
 
 CHUNK_ROWS = 5_000
 
@@ -52,14 +54,14 @@ class ExportJob:
         filters: dict[str, Any],
         fmt: str,
         part_path: Path,
-        final_path: Path,
+        publish: Callable[[Path], None],
         fail_transiently: bool = False,
     ) -> None:
         self.spec = spec
         self.filters = filters
         self.fmt = fmt
         self.part_path = part_path
-        self.final_path = final_path
+        self.publish = publish
         self.fail_transiently = fail_transiently
         self.step = "query"
         self.progress = 0
@@ -104,6 +106,10 @@ class ExportJob:
             out.flush()
             os.fsync(out.fileno())
         self._pause(0)
-        os.replace(self.part_path, self.final_path)
+        size = self.part_path.stat().st_size
+        try:
+            self.publish(self.part_path)
+        except StoreUnavailable as exc:
+            raise TransientFailure(f"the result store failed: {exc}") from exc
         self.progress = 99
-        return JobResult(rows=written, bytes=self.final_path.stat().st_size)
+        return JobResult(rows=written, bytes=size)

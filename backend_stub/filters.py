@@ -1,6 +1,7 @@
 """Filters: checked against the export type's schema, then compiled into one row predicate."""
 from __future__ import annotations
 
+import math
 import operator
 from datetime import date
 from typing import Any, Callable
@@ -8,6 +9,7 @@ from typing import Any, Callable
 from backend_stub.config import FilterSpec
 from backend_stub.datasets import Row
 from exports_common.errors import validation_error
+from exports_common.submit_body import shown_name
 
 Predicate = Callable[[Row], bool]
 _OPS = {"eq": operator.eq, "gte": operator.ge, "lte": operator.le}
@@ -23,8 +25,9 @@ def _check_scalar(name: str, spec: FilterSpec, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise validation_error(field, "must be an integer")
     elif spec.type == "number":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise validation_error(field, "must be a number")
+        finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+        if isinstance(value, bool) or not finite:
+            raise validation_error(field, "must be a finite number")
     elif spec.type == "date":
         if not (isinstance(value, str) and len(value) == 10 and _is_date(value)):
             raise validation_error(field, "must be a date as YYYY-MM-DD")
@@ -50,7 +53,7 @@ def validate_filters(specs: dict[str, FilterSpec], raw: Any) -> dict[str, Any]:
     for name, value in raw.items():
         spec = specs.get(name)
         if spec is None:
-            raise validation_error(f"filters.{name}", f"unknown filter; allowed: {sorted(specs)}")
+            raise validation_error(f"filters.{shown_name(name)}", f"unknown filter; allowed: {sorted(specs)}")
         if spec.multiple and isinstance(value, list):
             if not value:
                 raise validation_error(f"filters.{name}", "must not be an empty list")

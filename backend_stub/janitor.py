@@ -1,22 +1,29 @@
-"""Deletes terminal tasks and their files once their TTL has passed."""
+"""Deletes terminal tasks and their result objects once their TTL has passed.
+
+Every backend sweeps the shared task store, so any of them may expire any task: the object
+is deleted from the shared result store first and the record only after that, so an outage
+of the result store leaves the record (and a later sweep retries) rather than an orphan.
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
 
-from backend_stub.files import ResultFiles
+from backend_stub.result_store import ResultStore, StoreUnavailable, object_key
 from backend_stub.store import TaskStore
 
 log = logging.getLogger("backend.janitor")
 BATCH = 500
 
 
-async def sweep_once(store: TaskStore, files: ResultFiles) -> int:
+async def sweep_once(store: TaskStore, results: ResultStore) -> int:
     removed = 0
     while task_ids := await store.expired(time.time(), BATCH):
         for task_id in task_ids:
-            files.remove_all(task_id)
+            task = await store.get(task_id)
+            if task is not None:
+                await results.delete(object_key(task_id, task.format))
             await store.delete(task_id)
         removed += len(task_ids)
         if len(task_ids) < BATCH:
@@ -24,14 +31,17 @@ async def sweep_once(store: TaskStore, files: ResultFiles) -> int:
     return removed
 
 
-async def run(store: TaskStore, files: ResultFiles, interval_sec: float) -> None:
+async def run(store: TaskStore, results: ResultStore, interval_sec: float) -> None:
     while True:
         try:
-            removed = await sweep_once(store, files)
+            removed = await sweep_once(store, results)
             if removed:
                 log.info("expired tasks removed", extra={"count": removed})
         except asyncio.CancelledError:
             raise
+        except StoreUnavailable as exc:
+            log.warning("expiry sweep stopped: the result store failed; expired tasks are kept until it answers",
+                        extra={"error": str(exc)})
         except Exception:
             log.exception("expiry sweep failed; will try again next interval")
         await asyncio.sleep(interval_sec)

@@ -13,13 +13,16 @@ import os
 import random
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from backend_stub import lifecycle
 from backend_stub.config import BackendConfig
 from backend_stub.export_job import Cancelled, ExportJob, JobResult, TransientFailure
 from backend_stub.files import ResultFiles
 from backend_stub.models import COMPLETED, FAILED, RUNNING, TIMEOUT, Task, error_info
+from backend_stub.result_store import ResultStore, StoreUnavailable, object_key
 from backend_stub.store import Change, Lease, TaskStore
 from exports_common.jsonlog import task_id_var, trace_id_var
 
@@ -27,10 +30,11 @@ log = logging.getLogger("backend.worker")
 
 
 class Workers:
-    def __init__(self, config: BackendConfig, store: TaskStore, files: ResultFiles) -> None:
+    def __init__(self, config: BackendConfig, store: TaskStore, files: ResultFiles, results: ResultStore) -> None:
         self.config = config
         self.store = store
         self.files = files
+        self.results = results
         # spare threads: a timed-out job may still be finishing its last chunk
         self.executor = ThreadPoolExecutor(max_workers=config.workers * 2, thread_name_prefix="export")
         self._loops: list[asyncio.Task[None]] = []
@@ -94,7 +98,7 @@ class Workers:
         job = ExportJob(
             spec, task.filters, task.format,
             part_path=self.files.partial(task.task_id, task.attempt),
-            final_path=self.files.final(task.task_id, task.format),
+            publish=self._publisher(object_key(task.task_id, task.format)),
             fail_transiently=self._should_fail(task),
         )
         future = asyncio.get_running_loop().run_in_executor(self.executor, job.run)
@@ -120,6 +124,14 @@ class Workers:
                 return
             await self.store.renew(lease, consumer)
         await self._complete(task, lease, future)
+
+    def _publisher(self, key: str) -> Callable[[Path], None]:
+        """The job's store step, called from its thread: the upload runs on this event loop."""
+        loop = asyncio.get_running_loop()
+
+        def publish(path: Path) -> None:
+            asyncio.run_coroutine_threadsafe(self.results.publish(path, key), loop).result()
+        return publish
 
     async def _complete(self, task: Task, lease: Lease, future: asyncio.Future[JobResult]) -> None:
         spec = self.config.export_types[task.export_type]
@@ -153,5 +165,12 @@ class Workers:
             # someone else decided first (a cancel, or another worker took over): keep nothing of ours
             await self.store.ack(lease)
             if final is None or final.status != COMPLETED:
-                self.files.final(task.task_id, task.format).unlink(missing_ok=True)
+                await self._discard(object_key(task.task_id, task.format))
         log.info("task ended", extra={"status": final.status if final else None, "attempt": task.attempt})
+
+    async def _discard(self, key: str) -> None:
+        try:
+            await self.results.delete(key)
+        except StoreUnavailable as exc:
+            log.warning("could not delete a result nobody will serve; the expiry sweep deletes it with the task",
+                        extra={"key": key, "error": str(exc)})

@@ -14,7 +14,9 @@ JSON_TYPE = "application/json"
 
 
 def dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    # backslashreplace spells a lone surrogate (which UTF-8 cannot carry) as its JSON escape, \udXXX,
+    # so an answer that echoes odd input is still valid JSON and never an encoding error
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace")
 
 
 def ok_body(data: Any) -> bytes:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, AsyncIterator
 
 from exports_common.errors import ApiError, ErrorKind, validation_error
@@ -26,17 +27,40 @@ async def read_limited(chunks: AsyncIterator[bytes], max_bytes: int, declared: s
     return bytes(body)
 
 
-def _depth(value: Any) -> int:
-    deepest, stack = 0, [(value, 1)]
+def _has_lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+def _check_tree(value: Any, max_depth: int) -> None:
+    """Depth, and what JSON can spell but no consumer can use: lone surrogates and non-finite numbers.
+
+    Python's parser accepts `"\\ud800"`, `NaN` and `1e999` (as infinity); each would
+    fail later (encoding a reply, comparing rows), so all are refused here with the
+    member's path named (a path never holds a surrogate: names are checked before their values).
+    """
+    stack: list[tuple[Any, int, str]] = [(value, 0, "body")]
     while stack:
-        item, level = stack.pop()
+        item, level, path = stack.pop()
         if isinstance(item, dict):
-            deepest = max(deepest, level)
-            stack.extend((v, level + 1) for v in item.values())
+            if level + 1 > max_depth:
+                raise validation_error("body", f"JSON nesting must be at most {max_depth} levels deep")
+            for key, member in item.items():
+                if _has_lone_surrogate(key):
+                    raise validation_error(path, "a member name holds a lone UTF-16 surrogate (\\ud800-\\udfff)")
+                stack.append((member, level + 1, key if path == "body" else f"{path}.{key}"))
         elif isinstance(item, list):
-            deepest = max(deepest, level)
-            stack.extend((v, level + 1) for v in item)
-    return deepest
+            if level + 1 > max_depth:
+                raise validation_error("body", f"JSON nesting must be at most {max_depth} levels deep")
+            stack.extend((member, level + 1, f"{path}[{i}]") for i, member in enumerate(item))
+        elif isinstance(item, str):
+            if _has_lone_surrogate(item):
+                raise validation_error(path, "holds a lone UTF-16 surrogate (\\ud800-\\udfff)")
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise validation_error(path, "must be a finite number (no NaN, Infinity or overflow)")
 
 
 def parse_json(body: bytes, content_type: str | None, max_depth: int = MAX_DEPTH) -> Any:
@@ -46,6 +70,5 @@ def parse_json(body: bytes, content_type: str | None, max_depth: int = MAX_DEPTH
         value = json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise ApiError(ErrorKind.INVALID_JSON, f"the body is not valid JSON: {exc}"[:300]) from exc
-    if _depth(value) > max_depth:
-        raise validation_error("body", f"JSON nesting must be at most {max_depth} levels deep")
+    _check_tree(value, max_depth)
     return value

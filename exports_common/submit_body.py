@@ -7,6 +7,7 @@ from typing import Any, Collection
 from urllib.parse import urlsplit
 
 from exports_common.errors import validation_error
+from exports_common.netpolicy import host_name_problem
 
 FORMATS = ("csv", "jsonl")
 FIELDS = frozenset({"export_type", "filters", "callback_url", "timeout_sec", "format"})
@@ -19,6 +20,11 @@ class SubmitBody:
     callback_url: str | None
     timeout_sec: int
     format: str
+
+
+def shown_name(name: str) -> str:
+    """A client's member name as an error echoes it: at most 64 characters."""
+    return name if len(name) <= 64 else name[:64] + "..."
 
 
 def check_timeout(value: Any, max_timeout_sec: int, field: str = "timeout_sec") -> int:
@@ -46,6 +52,8 @@ def check_callback_url(value: Any) -> str | None:
             parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise validation_error("callback_url", "must be an absolute http(s) URL of at most 2048 characters")
+    if problem := host_name_problem(parts.hostname):
+        raise validation_error("callback_url", problem)
     return str(value)
 
 
@@ -57,7 +65,7 @@ def check_submit_body(
         raise validation_error("body", "must be a JSON object")
     unknown = sorted(set(body) - FIELDS)
     if unknown:
-        raise validation_error(unknown[0], f"unknown field; allowed: {sorted(FIELDS)}")
+        raise validation_error(shown_name(unknown[0]), f"unknown field; allowed: {sorted(FIELDS)}")
     export_type = body.get("export_type")
     if not isinstance(export_type, str) or (export_types is not None and export_type not in export_types):
         allowed = f"one of {sorted(export_types)}" if export_types is not None else "a string"

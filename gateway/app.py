@@ -95,7 +95,7 @@ class Gateway:
         pool = max(u.pool_size for u in config.upstreams.values())
         services = Services(
             client=AiohttpUpstream(pool), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
-            signer=DownloadSigner(config.download_signing.secrets), upstreams=upstreams_of(config),
+            signer=DownloadSigner(config.download_signing.secrets), upstreams=upstreams_of(config, metrics),
             state=open_state(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
             limiter=Limiter(redis, config.redis_prefix),
         )
@@ -219,11 +219,12 @@ class Gateway:
         problems = []
         loop = asyncio.get_running_loop()
         for name, upstream in self.runtime.services.upstreams.items():
-            host = urlsplit(upstream.url).hostname or ""
-            try:
-                await asyncio.wait_for(loop.getaddrinfo(host, None, type=socket.SOCK_STREAM), 2.0)
-            except (TimeoutError, OSError):
-                problems.append(f"upstream {name}: cannot resolve {host}")
+            for endpoint in upstream.pool.endpoints:
+                host = urlsplit(endpoint.url).hostname or ""
+                try:
+                    await asyncio.wait_for(loop.getaddrinfo(host, None, type=socket.SOCK_STREAM), 2.0)
+                except (TimeoutError, OSError):
+                    problems.append(f"upstream {name}: cannot resolve {host}")
         if problems:
             raise ApiError(ErrorKind.UNAVAILABLE, "not ready: " + "; ".join(problems), data={"problems": problems},
                            headers={"Retry-After": "5"})

@@ -6,7 +6,7 @@ so a mistake is reported at its exact path (routes[0].plugins[2].idempotency.ttl
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -57,10 +57,35 @@ class TimeoutsConfig(Strict):
     read: float = Field(30.0, gt=0, description="seconds to wait for each read of the answer")
 
 
+UPSTREAM_URL = r"^https?://[^/\s]+/?$"
+
+
+class OutlierConfig(Strict):
+    """Passive health: an endpoint that keeps failing to connect is left out for a while."""
+
+    consecutive_connect_failures: int = Field(3, ge=1, le=100, description="in a row, then the endpoint is ejected")
+    base_ejection_sec: float = Field(10.0, gt=0, description="first ejection; each further one lasts this much longer")
+    max_ejection_sec: float = Field(300.0, gt=0, description="the longest an endpoint is left out")
+
+
 class UpstreamConfig(Strict):
-    url: str = Field(pattern=r"^https?://[^/\s]+/?$", description="scheme://host:port of the upstream")
+    url: str | None = Field(None, pattern=UPSTREAM_URL, description="scheme://host:port of a one-endpoint upstream")
+    endpoints: list[Annotated[str, Field(pattern=UPSTREAM_URL)]] = Field(
+        default_factory=list, description="scheme://host:port of each endpoint, instead of url")
+    balance: Literal["round_robin", "least_requests"] = "round_robin"
+    outlier_detection: OutlierConfig = Field(default_factory=OutlierConfig)
     pool_size: int = Field(200, ge=1, le=10_000)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+
+    @model_validator(mode="after")
+    def _one_way_to_name_endpoints(self) -> UpstreamConfig:
+        if (self.url is None) == (not self.endpoints):
+            raise ValueError("give either url or a non-empty endpoints list")
+        return self
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url] if self.url is not None else list(self.endpoints)
 
 
 class RouteConfig(Strict):

@@ -16,7 +16,7 @@ from gateway import telemetry
 from gateway.context import RequestContext
 from gateway.response import GatewayResponse
 from gateway.services import Services, Upstream
-from gateway.upstream import Timeouts, UpstreamError
+from gateway.upstream import Endpoint, Timeouts, UpstreamError
 
 # the socket timeouts, cut to the deadline, normally fire first; this only catches a slow drip
 DEADLINE_SLACK_SEC = 0.25
@@ -120,15 +120,32 @@ class Proxy:
         except TimeoutError as exc:
             raise UpstreamError("timeout", "no answer within the route's total time") from exc
 
+    async def _send_to(self, ctx: RequestContext, endpoint: Endpoint, url: str,
+                       body: bytes | LimitedBody | None) -> GatewayResponse:
+        """One try on one endpoint, telling its pool whether the connection could be made."""
+        pool = self.upstream.pool
+        endpoint.in_flight += 1
+        try:
+            resp = await self._send(ctx, url, body)
+        except UpstreamError as exc:
+            if exc.kind == "connect_error":
+                pool.connect_failed(endpoint)
+            raise
+        finally:
+            endpoint.in_flight -= 1
+        pool.connected(endpoint)
+        return resp
+
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         query = ctx.request.scope["query_string"].decode("latin-1") if ctx.query is None else ctx.query
-        url = f"{self.upstream.url}{ctx.upstream_path}" + (f"?{query}" if query else "")
+        endpoint = self.upstream.pool.pick()
+        url = f"{endpoint.url}{ctx.upstream_path}" + (f"?{query}" if query else "")
         body = self._body(ctx)
         started = time.perf_counter()
         with self.services.tracing.client(f"upstream {self.upstream.name}",
                                           {"http.request.method": ctx.method, "url.full": url}) as span:
             try:
-                resp = await self._send(ctx, url, body)
+                resp = await self._send_to(ctx, endpoint, url, body)
             except Exception as exc:
                 if isinstance(body, LimitedBody) and body.exceeded:
                     raise too_large(self.max_body_bytes) from exc

@@ -6,6 +6,7 @@ the upstream (downloads), which is never held in memory.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -14,6 +15,8 @@ from starlette.types import Receive, Scope, Send
 
 from exports_common.envelope import JSON_TYPE, error_body, ok_body
 from exports_common.errors import ApiError
+
+log = logging.getLogger("gateway")
 
 
 @dataclass
@@ -103,8 +106,15 @@ class GatewayResponse:
             if self.body is not None or self.stream is None or head_only:
                 await send({"type": "http.response.body", "body": b"" if head_only else (self.body or b"")})
                 return
-            async for chunk in self.stream:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            try:
+                async for chunk in self.stream:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except Exception as exc:  # noqa: BLE001 - the status is sent: no envelope can follow, and no traceback should
+                # returning without the last frame makes the server close the connection, so the client sees the
+                # body cut short (a clean end would pass a truncated file off as whole)
+                log.warning("the upstream stopped in the middle of a body; the client's connection is closed",
+                            extra={"error": f"{type(exc).__name__}: {exc}"[:300]})
+                return
             await send({"type": "http.response.body", "body": b""})
         finally:
             self.close()

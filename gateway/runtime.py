@@ -9,14 +9,15 @@ import dataclasses
 from dataclasses import dataclass
 
 from exports_common.signing import DownloadSigner
-from gateway.config import GatewayConfig, RouteConfig, plugin_of
+from gateway.config import GatewayConfig, RouteConfig, UpstreamConfig, plugin_of
 from gateway.context import Handler
 from gateway.plugins import PLUGINS
 from gateway.proxy import Proxy
 from gateway.router import Router
 from gateway.services import Services, Upstream
+from gateway.telemetry import Metrics
 from gateway.tenants import TenantDirectory
-from gateway.upstream import Timeouts
+from gateway.upstream import EndpointPool, OutlierPolicy, Timeouts
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,15 @@ class Runtime:
     chains: dict[str, Handler]
 
 
-def upstreams_of(config: GatewayConfig) -> dict[str, Upstream]:
+def upstreams_of(config: GatewayConfig, metrics: Metrics) -> dict[str, Upstream]:
+    def pool(name: str, u: UpstreamConfig) -> EndpointPool:
+        outlier = u.outlier_detection
+        policy = OutlierPolicy(outlier.consecutive_connect_failures, outlier.base_ejection_sec,
+                               outlier.max_ejection_sec)
+        return EndpointPool(u.urls, u.balance, policy, on_eject=lambda url: metrics.ejections.add(name, url))
+
     return {
-        name: Upstream(name, u.url.rstrip("/"), Timeouts(connect=u.timeouts.connect, read=u.timeouts.read))
+        name: Upstream(name, pool(name, u), Timeouts(connect=u.timeouts.connect, read=u.timeouts.read))
         for name, u in config.upstreams.items()
     }
 
@@ -48,7 +55,7 @@ def build_runtime(config: GatewayConfig, services: Services) -> Runtime:
         services,
         tenants=TenantDirectory({t: c.api_key_hashes for t, c in config.tenants.items()}, config.limits()),
         signer=DownloadSigner(config.download_signing.secrets),
-        upstreams=upstreams_of(config),
+        upstreams=upstreams_of(config, services.metrics),
         public_base_url=config.public_base_url.rstrip("/"),
     )
     chains = {route.name: build_chain(route, services) for route in config.routes}

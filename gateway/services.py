@@ -14,14 +14,19 @@ from gateway.outbox_store import OutboxStore, RedisOutbox, SqliteOutbox
 from gateway.retry_budget import RetryBudgets
 from gateway.telemetry import Metrics, Tracing
 from gateway.tenants import TenantDirectory
-from gateway.upstream import Timeouts, UpstreamClient
+from gateway.upstream import EndpointPool, Timeouts, UpstreamClient
 
 
 @dataclass(frozen=True)
 class Upstream:
     name: str
-    url: str
+    pool: EndpointPool
     timeouts: Timeouts
+
+    @property
+    def url(self) -> str:
+        """An endpoint's base URL, for callers that do not report connect failures back."""
+        return self.pool.pick().url
 
 
 @dataclass(frozen=True)

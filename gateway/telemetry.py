@@ -118,6 +118,8 @@ class Metrics:
         self.retries = Tally(meter, "gateway_retries", ("upstream", "route", "reason"), "retry tries, by cause")
         self.retry_budget_exhausted = Tally(meter, "gateway_retry_budget_exhausted", ("upstream", "route"),
                                             "retries not made because the budget was used up")
+        self.ejections = Tally(meter, "gateway_upstream_ejections", ("upstream", "endpoint"),
+                               "endpoints left out for a while after repeated connect failures")
         self.breaker_transitions = Tally(meter, "gateway_breaker_transitions", ("upstream", "state"),
                                          "circuit breaker state changes, by new state")
         self.degraded = Tally(meter, "gateway_degraded_answers", ("route", "kind"),

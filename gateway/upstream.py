@@ -9,8 +9,10 @@ plugins understand.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import AsyncIterable, AsyncIterator, Literal, Protocol
+from typing import Literal, Protocol
 
 import aiohttp
 
@@ -86,3 +88,78 @@ class AiohttpUpstream:
 
     async def close(self) -> None:
         await self.session.close()
+
+
+Balance = Literal["round_robin", "least_requests"]
+
+
+@dataclass(frozen=True)
+class OutlierPolicy:
+    """Passive health, after Envoy's outlier detection: consecutive connect failures eject an endpoint."""
+
+    consecutive_connect_failures: int = 3
+    base_ejection_sec: float = 10.0
+    max_ejection_sec: float = 300.0
+
+
+@dataclass
+class Endpoint:
+    url: str
+    in_flight: int = 0
+    failures: int = 0
+    ejections: int = 0
+    ejected_until: float = 0.0
+
+
+class EndpointPool:
+    """One upstream's endpoints: which one the next call goes to, and which are resting.
+
+    An endpoint that fails to connect `consecutive_connect_failures` times in a row is left out
+    for `base_ejection_sec` times the number of its ejections so far (capped), so one that keeps
+    dying rests longer each time; a call that connects clears its count. When every endpoint is
+    ejected, the one that comes back soonest is used anyway: a guess beats refusing outright.
+    """
+
+    def __init__(self, urls: list[str], balance: Balance, policy: OutlierPolicy,
+                 on_eject: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.endpoints = [Endpoint(url.rstrip("/")) for url in urls]
+        self.balance = balance
+        self.policy = policy
+        self.on_eject = on_eject
+        self.clock = clock
+        self._next = 0
+
+    def pick(self) -> Endpoint:
+        now = self.clock()
+        healthy = [e for e in self.endpoints if e.ejected_until <= now]
+        if not healthy:
+            return min(self.endpoints, key=lambda e: e.ejected_until)
+        if self.balance == "least_requests":
+            fewest = min(e.in_flight for e in healthy)
+            healthy = [e for e in healthy if e.in_flight == fewest]
+        self._next += 1
+        return healthy[self._next % len(healthy)]
+
+    def connected(self, endpoint: Endpoint) -> None:
+        """A call reached it: its failure count clears, and one used while ejected is back at once."""
+        endpoint.failures = 0
+        if endpoint.ejected_until > self.clock():
+            endpoint.ejected_until = 0.0
+        else:
+            endpoint.ejections = 0
+
+    def connect_failed(self, endpoint: Endpoint) -> None:
+        endpoint.failures += 1
+        if endpoint.failures < self.policy.consecutive_connect_failures:
+            return
+        endpoint.failures = 0
+        endpoint.ejections += 1
+        rest = min(self.policy.base_ejection_sec * endpoint.ejections, self.policy.max_ejection_sec)
+        endpoint.ejected_until = self.clock() + rest
+        if self.on_eject is not None:
+            self.on_eject(endpoint.url)
+
+    def ejected(self) -> list[str]:
+        now = self.clock()
+        return [e.url for e in self.endpoints if e.ejected_until > now]

@@ -151,3 +151,64 @@ class RedisServer:
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait(10)
+
+
+class S3Server:
+    """A private S3-compatible server (moto in server mode) on a free port, with one bucket made beforehand."""
+
+    ACCESS_KEY = "testing-access-key"
+    SECRET_KEY = "testing-secret-key"
+    REGION = "us-east-1"
+
+    def __init__(self, workdir: Path, bucket: str = "exports") -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.bucket = bucket
+        self.log_path = workdir / f"moto-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The standard AWS variables a backend reads to reach this server."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.ACCESS_KEY,
+                "AWS_SECRET_ACCESS_KEY": self.SECRET_KEY, "AWS_REGION": self.REGION}
+
+    def start(self, make_bucket: bool = True) -> S3Server:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        wait_until(lambda: httpx.get(f"{self.endpoint}/moto-api/", timeout=1.0).status_code == 200, 30,
+                   what="moto server to answer")
+        if make_bucket:
+            httpx.put(f"{self.endpoint}/{self.bucket}", timeout=5.0).raise_for_status()
+        return self
+
+    def object_keys(self) -> list[str]:
+        """Every object key in the bucket (a plain unsigned ListObjectsV2, which moto accepts)."""
+        body = httpx.get(f"{self.endpoint}/{self.bucket}?list-type=2", timeout=5.0).text
+        import re
+
+        return re.findall(r"<Key>([^<]+)</Key>", body)
+
+    def delete(self, key: str) -> None:
+        """Remove one object behind the backends' backs (moto refuses unsigned deletes)."""
+        import obstore
+        from obstore.store import S3Store
+
+        store = S3Store(self.bucket, endpoint=self.endpoint, access_key_id=self.ACCESS_KEY,
+                        secret_access_key=self.SECRET_KEY, region=self.REGION, client_options={"allow_http": True})
+        obstore.delete(store, key)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()

@@ -7,6 +7,7 @@ upstream call; the file then streams from the upstream, Range requests included.
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, ClassVar, Literal
 
@@ -16,6 +17,8 @@ from gateway.context import Handler, RequestContext
 from gateway.plugins.base import Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
+
+_EXPIRES = re.compile(r"[0-9]{1,12}")  # unix seconds: 12 digits reach the year 33658
 
 
 class SignedDownloadSettings(Settings):
@@ -59,11 +62,23 @@ class SignedDownload:
         return True
 
     def _verify(self, ctx: RequestContext) -> None:
-        query = ctx.request.query_params
-        expires, sig = query.get("expires", ""), query.get("sig", "")
+        expires, sig = _link_params(ctx.request.query_params.multi_items())
         task_id = ctx.params.get(self.settings.param, "")
-        if not expires.isdigit() or not sig or not self.services.signer.verify(task_id, int(expires), sig):
+        if expires is None or sig is None or not self.services.signer.verify(task_id, expires, sig):
             raise ApiError(ErrorKind.BAD_SIGNATURE)
-        if int(expires) < time.time():
+        if expires < time.time():
             raise ApiError(ErrorKind.GONE)
         ctx.query = ""
+
+
+def _link_params(params: list[tuple[str, str]]) -> tuple[int | None, str | None]:
+    """`expires` (ASCII digits, at most 12) and `sig`, each given once; None for anything else.
+
+    Every malformed link is the same 403 as a wrong signature: the link is the credential.
+    """
+    found: dict[str, list[str]] = {}
+    for name, value in params:
+        found.setdefault(name, []).append(value)
+    expires, sig = found.get("expires", []), found.get("sig", [])
+    ok_expires = len(expires) == 1 and _EXPIRES.fullmatch(expires[0]) is not None
+    return (int(expires[0]) if ok_expires else None), (sig[0] if len(sig) == 1 else None)

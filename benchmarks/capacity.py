@@ -1,0 +1,124 @@
+"""Capacity on paper: Redis commands and bytes per submit, per poll (miss and hit) and per task
+completion, and S3 requests per task, measured on a private redis-server and moto server.
+
+One gateway and one backend (Redis mode, `s3://` result store). The backend has one worker,
+held by a slow task while the submissions are measured, so submitting and completing are
+counted apart. Idle traffic (workers blocking on the stream, the callback poller) is measured
+first and subtracted by time. Commands and bytes come from INFO commandstats and INFO stats;
+S3 requests from the moto server's request log.
+
+    python -m benchmarks.capacity [--tasks 50]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from benchmarks.harness import AUTH, Processes
+from tests.conftest import backend_config, gateway_config
+from tests.procs import RedisServer, S3Server, Service, wait_until
+
+API = "/api/v1/exports"
+
+
+class RedisMeter:
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+
+    def sample(self) -> tuple[Counter[str], int]:
+        stats: dict[str, Any] = self.client.info("commandstats")
+        calls = Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
+        net: dict[str, Any] = self.client.info("stats")
+        # the meter's own INFO calls are a constant few per sample; they are left out below
+        calls["info"] = 0
+        return calls, int(net["total_net_input_bytes"]) + int(net["total_net_output_bytes"])
+
+
+def measure(meter: RedisMeter, action: Callable[[], object]) -> tuple[Counter[str], int, float]:
+    calls0, bytes0 = meter.sample()
+    start = time.monotonic()
+    action()
+    elapsed = time.monotonic() - start
+    calls1, bytes1 = meter.sample()
+    calls1.subtract(calls0)
+    return +calls1, bytes1 - bytes0, elapsed
+
+
+def per(calls: Counter[str], nbytes: int, elapsed: float, idle: tuple[Counter[str], int, float], n: int
+        ) -> tuple[float, float, dict[str, float]]:
+    idle_calls, idle_bytes, idle_sec = idle
+    share = elapsed / idle_sec
+    net = {k: (calls[k] - idle_calls[k] * share) / n for k in calls}
+    net = {k: round(v, 2) for k, v in net.items() if v > 0.05}
+    return round(sum(net.values()), 1), round((nbytes - idle_bytes * share) / n), net
+
+
+def s3_requests(log: Path) -> Counter[str]:
+    """Requests on objects, by method (a delete is obstore's `POST ?delete`); bucket listings left out."""
+    # werkzeug colours some lines (206 answers) with terminal escapes
+    text = re.sub(r"\x1b\[[\d;]*m", "", log.read_text())
+    return Counter(" ".join(m.groups()) for m in re.finditer(r'"(GET|PUT|POST|DELETE|HEAD) /exports(/results|\?delete)',
+                                                             text))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", type=int, default=50)
+    n = parser.parse_args().tasks
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        server = RedisServer(work).start()
+        s3 = S3Server(work).start()
+        procs = Processes(work)
+        try:
+            config = backend_config(work / "b", server.url, result_store=f"s3://{s3.bucket}/results", workers=1,
+                                    progress_interval_sec=30.0, task_ttl_sec=45, sweep_interval_sec=1.0)
+            config["export_types"]["hold"] = {"dataset": "orders", "rows": 1000, "fault": {"delay_sec": 600}}
+            backend = Service("backend_stub", config, work, "backend", env=s3.env).start()
+            procs.started.append(backend)
+            gateway = procs.start("gateway", gateway_config(work / "g", backend.url, server.url), "gateway")
+            client = httpx.Client(base_url=gateway.url, headers=AUTH, timeout=10)
+            meter = RedisMeter(server.url)
+            idle = measure(meter, lambda: time.sleep(5))
+            hold = client.post(API, json={"export_type": "hold"}).json()["data"]["task_id"]
+            wait_until(lambda: client.get(f"{API}/{hold}").json()["data"]["status"] == "RUNNING", 20)
+            ids: list[str] = []
+            submit = measure(meter, lambda: ids.extend(
+                client.post(API, json={"export_type": "report_export"}).json()["data"]["task_id"] for _ in range(n)))
+
+            def complete() -> None:
+                httpx.post(f"{backend.url}/exports/{hold}/cancel", timeout=10)
+                wait_until(lambda: all(httpx.get(f"{backend.url}/exports/{i}").json()["data"]["status"] == "COMPLETED"
+                                       for i in ids[-1:]), 60, interval=0.2)
+            done = measure(meter, complete)  # includes the wait's own reads of one task, every 0.2 s
+            miss = measure(meter, lambda: [client.get(f"{API}/{i}") for i in ids])
+            hit = measure(meter, lambda: [client.get(f"{API}/{i}") for i in ids])
+            answers = [client.get(f"{API}/{i}").json()["data"] for i in ids]
+            assert all(a["status"] == "COMPLETED" for a in answers), [a["status"] for a in answers]
+            links = [a["result"]["download_url"] for a in answers]
+            for link in links:
+                assert httpx.get(link, timeout=10).status_code == 200
+            wait_until(lambda: not s3.object_keys(), 150, interval=0.5, what="expiry to delete every object")
+            total = s3_requests(s3.log_path)
+            print(f"tasks: {n}; idle traffic: {sum(idle[0].values()) / idle[2]:.1f} commands/s")
+            for name, figures in (("submit", submit), ("completion", done), ("poll miss", miss), ("poll hit", hit)):
+                commands, nbytes, detail = per(*figures, idle=idle, n=n)
+                print(f"{name:10} {commands:6} commands  {nbytes:7} bytes   {detail}")
+            print("S3 requests per task (store, one download, expiry):", {k: round(v / n, 2) for k, v in total.items()})
+        finally:
+            procs.stop_all()
+            s3.stop()
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

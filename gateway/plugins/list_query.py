@@ -1,0 +1,30 @@
+"""list_query: the list route's query (`status`, `limit`, `cursor`) is checked at the edge.
+
+A bad parameter is a 422 before any upstream call, so it never reaches the backend
+and never counts toward a breaker; what goes upstream is the checked query, re-encoded.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from exports_common.list_query import check_list_query
+from gateway.context import Handler, RequestContext
+from gateway.plugins.base import Settings
+from gateway.response import GatewayResponse
+from gateway.services import Services
+
+
+class ListQuerySettings(Settings):
+    pass
+
+
+class ListQuery:
+    name: ClassVar[str] = "list_query"
+    Settings: ClassVar[type[ListQuerySettings]] = ListQuerySettings
+
+    def __init__(self, next: Handler, settings: ListQuerySettings, services: Services, route: str) -> None:
+        self.next = next
+
+    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
+        ctx.query = check_list_query(ctx.request.query_params.multi_items()).encode()
+        return await self.next(ctx)

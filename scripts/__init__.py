@@ -1,0 +1,1 @@
+"""Entry-point scripts (make run, make cluster)."""
