@@ -24,7 +24,7 @@ from backend_stub.result_store import (
     object_key,
 )
 from backend_stub.store import TaskStore
-from backend_stub.submission import parse_rerun, parse_submission
+from backend_stub.submission import parse_active_quota, parse_rerun, parse_submission
 from exports_common.envelope import ok
 from exports_common.errors import ApiError, ErrorKind, unavailable, validation_error
 from exports_common.json_body import parse_json, read_limited
@@ -83,6 +83,8 @@ class BackendApi:
         if not tenant or len(tenant) > 128:
             raise validation_error("X-Tenant-Id", "header must name the tenant (1 to 128 characters)")
         submission = parse_submission(await self._json(request), self.config)
+        quota = parse_active_quota(request.headers.get("x-tenant-max-active-tasks"))
+        await self._check_active_quota(tenant, task_id, quota)
         now = time.time()
         task = Task(
             task_id=task_id, tenant=tenant, export_type=submission.export_type, filters=submission.filters,
@@ -96,6 +98,17 @@ class BackendApi:
             raise ApiError(ErrorKind.TASK_ID_CONFLICT, data={"task_id": task_id})
         data = dict(stored.public(), estimated_completion_sec=self._estimate_sec(stored.export_type))
         return ok(data, status=201 if created else 200, headers={"Location": f"/exports/{task_id}"})
+
+    async def _check_active_quota(self, tenant: str, task_id: str, quota: int | None) -> None:
+        # a repeated create of an existing task answers with that task, quota or not
+        if quota is None or await self.store.get(task_id) is not None:
+            return
+        active = await self.store.active_count(tenant)
+        if active >= quota:
+            raise ApiError(ErrorKind.TOO_MANY_ACTIVE_TASKS,
+                           f"tenant {tenant} has {active} active tasks (PENDING or RUNNING) and may have {quota}; "
+                           f"wait for some to finish or cancel some, then submit again",
+                           data={"active": active, "limit": quota})
 
     async def _owned(self, request: Request) -> Task:
         """The task, if it exists and belongs to the caller's tenant (when one is named)."""

@@ -38,6 +38,15 @@ def parse_submission(body: Any, config: BackendConfig) -> Submission:
     )
 
 
+def parse_active_quota(raw: str | None) -> int | None:
+    """`X-Tenant-Max-Active-Tasks`, set by the gateway from the tenant's limits; absent: no quota."""
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise validation_error("X-Tenant-Max-Active-Tasks", "header must be a whole number >= 1")
+    return int(raw)
+
+
 def parse_rerun(body: Any, config: BackendConfig) -> tuple[int, dict[str, Any]]:
     """`{"expected_attempt": n, "overrides": {"timeout_sec", "format", "degraded"}}`."""
     if not isinstance(body, dict):

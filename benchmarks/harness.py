@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import httpx
 
-from tests.conftest import DEMO_KEY
+from tests.conftest import DEMO_KEY, RAISED_LIMITS
 from tests.procs import ROOT, Service, free_port, wait_until
 
 AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
@@ -22,8 +22,11 @@ class Processes:
         self.workdir = workdir
         self.started: list[Service] = []
 
-    def start(self, module: str, config: dict[str, Any], name: str, root: Path | None = None) -> Service:
-        service = Service(module, config, self.workdir, name, root=root or ROOT).start()
+    def start(self, module: str, config: dict[str, Any], name: str, root: Path | None = None,
+              env: dict[str, str] | None = None) -> Service:
+        if module == "gateway":
+            env = RAISED_LIMITS | (env or {})
+        service = Service(module, config, self.workdir, name, root=root or ROOT, env=env).start()
         self.started.append(service)
         return service
 

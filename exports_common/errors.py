@@ -34,6 +34,9 @@ class ErrorKind(Enum):
     HEADERS_TOO_LARGE = (43100, 431, "the request headers are too large")
     VALIDATION = (42200, 422, "the request is invalid")
     IDEMPOTENCY_KEY_REUSED = (42201, 422, "this Idempotency-Key was used with a different body; use a new key")
+    RATE_LIMITED = (42900, 429, "too many requests; retry after the time in Retry-After")
+    TOO_MANY_ACTIVE_TASKS = (42901, 429, "too many active tasks; wait for some to finish or cancel some")
+    OUTBOX_FULL = (42902, 429, "too many submissions are waiting for the export service; retry later")
     IDEMPOTENCY_QUOTA = (42910, 429, "this tenant holds its maximum number of Idempotency-Keys; retry after "
                                      "older ones expire (Retry-After), or submit without the header")
     INTERNAL = (50000, 500, "internal error; the request was not applied, retry later")

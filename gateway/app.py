@@ -38,7 +38,9 @@ from gateway.admin_recovery import AdminRecovery
 from gateway.breakers import STATES, Breakers
 from gateway.config import GatewayConfig, RouteConfig, plugin_of
 from gateway.context import RequestContext
+from gateway.limiter import Limiter
 from gateway.outbox_drainer import OutboxDrainer
+from gateway.plugins.rate_limit import check_address
 from gateway.response import GatewayResponse
 from gateway.runtime import Runtime, build_runtime, upstreams_of
 from gateway.services import Services, open_redis, open_state
@@ -105,6 +107,7 @@ class Gateway:
             signer=DownloadSigner(config.download_signing.secrets, config.download_signing.max_link_ttl_sec),
             upstreams=upstreams_of(config, metrics),
             state=open_state(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
+            limiter=Limiter(redis, config.redis_prefix),
         )
         self._observe(services)
         self._apply(build_runtime(config, services))
@@ -283,6 +286,7 @@ class Gateway:
         return ok({"status": "ready", "routes": len(self.runtime.config.routes)})
 
     async def openapi(self, request: Request) -> Response:
+        await check_address(self.runtime.services, request.scope)
         types = await self.export_types.get(self.runtime)
         return Response(json.dumps(openapi.build(self.runtime.config, types)), media_type="application/json")
 

@@ -21,7 +21,9 @@ from pydantic import (
 from exports_common import dev_mode
 from exports_common.connection_limits import ConnectionLimits, networks
 from exports_common.otel import TracingConfig
+from gateway.limiter import Quota
 from gateway.plugins import PLUGINS
+from gateway.tenants import Limits, TenantLimits
 
 HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 _PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
@@ -151,8 +153,35 @@ class RouteConfig(Strict):
         return value
 
 
+class RateConfig(Strict):
+    per_sec: float = Field(gt=0, description="requests per second, sustained")
+    burst: int = Field(ge=1, description="requests admitted at once after a quiet spell (the bucket's size)")
+
+    def quota(self) -> Quota:
+        return Quota(self.per_sec, self.burst)
+
+
+class TenantLimitsConfig(Strict):
+    requests: RateConfig = Field(default_factory=lambda: RateConfig(per_sec=100, burst=200),
+                                 description="requests on routes with rate_limit: {limit: requests}")
+    submits: RateConfig = Field(default_factory=lambda: RateConfig(per_sec=20, burst=100),
+                                description="submits (rate_limit: {limit: submits})")
+    max_active_tasks: int = Field(1000, ge=1, description="PENDING or RUNNING tasks at once; the backend enforces it")
+    max_outbox_entries: int = Field(1000, ge=1, description="submits held in the outbox while the backend is down")
+
+
+class TenantLimitsOverride(Strict):
+    """A tier: the fields set here replace the defaults in tenant_limits for this tenant."""
+
+    requests: RateConfig | None = None
+    submits: RateConfig | None = None
+    max_active_tasks: int | None = Field(None, ge=1)
+    max_outbox_entries: int | None = Field(None, ge=1)
+
+
 class TenantConfig(Strict):
     api_key_hashes: list[str] = Field(description='"sha256:<hex>" of each API key; never the key itself')
+    limits: TenantLimitsOverride = Field(default_factory=TenantLimitsOverride)
 
     @field_validator("api_key_hashes")
     @classmethod
@@ -196,6 +225,12 @@ class GatewayConfig(Strict):
     admin_token: str = Field(min_length=8)
     download_signing: SigningConfig
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    tenant_limits: TenantLimitsConfig = Field(default_factory=TenantLimitsConfig,
+                                              description="every tenant's limits unless tenants.<name>.limits says")
+    address_limit: RateConfig = Field(default_factory=lambda: RateConfig(per_sec=20, burst=50),
+                                      description="requests without a valid API key, per client address")
+    gateway_processes: int = Field(1, ge=1, description="gateway processes sharing the limits; with Redis "
+                                                        "unreachable each enforces limit / this locally")
     upstreams: dict[str, UpstreamConfig]
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     access_log: bool = Field(False, description="one JSON line per request (logger gateway.access)")
@@ -222,6 +257,18 @@ class GatewayConfig(Strict):
                 problems.append(f"tenants.{tenant} accepts a published demo API key: replace its api_key_hashes "
                                 "(python -m gateway hash-key <new key>)")
         return problems
+
+    def limits(self) -> Limits:
+        base = self.tenant_limits
+        by_tenant = {}
+        for name, tenant in self.tenants.items():
+            over = tenant.limits
+            by_tenant[name] = TenantLimits(
+                requests=(over.requests or base.requests).quota(), submits=(over.submits or base.submits).quota(),
+                max_active_tasks=over.max_active_tasks or base.max_active_tasks,
+                max_outbox_entries=over.max_outbox_entries or base.max_outbox_entries,
+            )
+        return Limits(by_tenant, self.address_limit.quota(), self.gateway_processes)
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

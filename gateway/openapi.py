@@ -51,7 +51,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
     for status in statuses:
         kinds = ", ".join(f"{k.code} {k.name}" for k in ErrorKind if k.status == status)
         out[str(status)] = _json(_ref("Error"), f"error envelope; code: {kinds}",
-                                 retry if status in (409, 503) else None)
+                                 retry if status in (409, 429, 503) else None)
     return out
 
 
@@ -204,7 +204,7 @@ def build(config: GatewayConfig, export_types: ExportTypes | None = None) -> dic
                             "Retry-After": _header("seconds until the first poll"),
                             "Idempotent-Replayed": _header("true when this is the stored answer to an "
                                                            "earlier request with the same key")}),
-                        **_errors(400, 401, 409, 413, 415, 422, 502, 503, 504),
+                        **_errors(400, 401, 409, 413, 415, 422, 429, 502, 503, 504),
                     },
                 },
                 "get": {
@@ -217,7 +217,7 @@ def build(config: GatewayConfig, export_types: ExportTypes | None = None) -> dic
                          "description": "the next_cursor of the previous page; anything else is 422"},
                     ],
                     "responses": {"200": _json(_ref("TaskListEnvelope"), "a page of tasks"),
-                                  **_errors(401, 422, 502, 503, 504)},
+                                  **_errors(401, 422, 429, 502, 503, 504)},
                 },
             },
             EXPORT_TYPES_PATH: {
@@ -225,14 +225,14 @@ def build(config: GatewayConfig, export_types: ExportTypes | None = None) -> dic
                     "operationId": "listExportTypes", "summary": "The export types the caller may submit",
                     "responses": {"200": _json(_ref("ExportTypesEnvelope"),
                                                "each type with the JSON Schema of its filters"),
-                                  **_errors(401, 502, 503, 504)},
+                                  **_errors(401, 429, 502, 503, 504)},
                 },
             },
             "/api/v1/exports/{task_id}": {
                 "get": {
                     "operationId": "getExport", "summary": "Poll a task",
                     "parameters": [TASK_ID_PARAM],
-                    "responses": {"200": _json(task, "the task", poll), **_errors(401, 404, 502, 503, 504)},
+                    "responses": {"200": _json(task, "the task", poll), **_errors(401, 404, 429, 502, 503, 504)},
                 },
             },
             "/api/v1/exports/{task_id}/cancel": {
@@ -240,7 +240,7 @@ def build(config: GatewayConfig, export_types: ExportTypes | None = None) -> dic
                     "operationId": "cancelExport", "summary": "Cancel a PENDING or RUNNING task",
                     "parameters": [TASK_ID_PARAM],
                     "responses": {"200": _json(task, "the task, CANCELLED"),
-                                  **_errors(401, 404, 409, 413, 502, 503, 504)},
+                                  **_errors(401, 404, 409, 413, 429, 502, 503, 504)},
                 },
             },
             "/api/v1/exports/{task_id}/download": {
@@ -260,7 +260,7 @@ def build(config: GatewayConfig, export_types: ExportTypes | None = None) -> dic
                         "206": {"description": "the requested range", "content": {
                             "text/csv": {"schema": {"type": "string"}},
                             "application/x-ndjson": {"schema": {"type": "string"}}}},
-                        **_errors(401, 403, 404, 410, 502, 503, 504),
+                        **_errors(401, 403, 404, 410, 429, 502, 503, 504),
                     },
                 },
             },

@@ -55,6 +55,8 @@ class OutboxStore(Protocol):
 
     async def size(self) -> int: ...
 
+    async def tenant_size(self, tenant: str) -> int: ...
+
     async def lock(self, owner: str, ttl: float) -> bool:
         """Take or extend the right to drain; False while another process holds it."""
 
@@ -69,6 +71,7 @@ class SqliteOutbox:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
                         "task_id TEXT UNIQUE NOT NULL, tenant TEXT NOT NULL, item TEXT NOT NULL)")
+        self.db.execute("CREATE INDEX IF NOT EXISTS outbox_by_tenant ON outbox (tenant)")
 
     async def put(self, item: OutboxItem) -> None:
         self.db.execute("INSERT OR IGNORE INTO outbox (task_id, tenant, item) VALUES (?,?,?)",
@@ -88,6 +91,9 @@ class SqliteOutbox:
     async def size(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM outbox").fetchone()[0])
 
+    async def tenant_size(self, tenant: str) -> int:
+        return int(self.db.execute("SELECT count(*) FROM outbox WHERE tenant = ?", (tenant,)).fetchone()[0])
+
     async def lock(self, owner: str, ttl: float) -> bool:
         return True  # the file belongs to this process
 
@@ -100,6 +106,7 @@ class SqliteOutbox:
 _PUT = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
   redis.call('RPUSH', KEYS[2], ARGV[1])
+  redis.call('SADD', KEYS[3], ARGV[1])
 end
 return 1
 """
@@ -118,11 +125,17 @@ class RedisOutbox:
         self.order = f"{tag}:order"
         self.items = f"{tag}:items"
         self.lock_key = f"{tag}:lock"
+        self.tag = tag
         self._put = client.register_script(_PUT)
         self._unlock = client.register_script(_UNLOCK)
 
+    def _tenant_key(self, tenant: str) -> str:
+        # in the outbox's slot, so that an item, its place in the order and its tenant's count change together
+        return f"{self.tag}:tenant:{tenant}"
+
     async def put(self, item: OutboxItem) -> None:
-        await self._put(keys=[self.items, self.order], args=[item.task_id, item.to_json()])
+        await self._put(keys=[self.items, self.order, self._tenant_key(item.tenant)],
+                        args=[item.task_id, item.to_json()])
 
     async def find(self, tenant: str, task_id: str) -> OutboxItem | None:
         raw = await self.redis.hget(self.items, task_id)
@@ -140,13 +153,19 @@ class RedisOutbox:
         return OutboxItem.from_json(raw)
 
     async def remove(self, task_id: str) -> None:
+        raw = await self.redis.hget(self.items, task_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.lrem(self.order, 1, task_id)
             pipe.hdel(self.items, task_id)
+            if raw is not None:
+                pipe.srem(self._tenant_key(OutboxItem.from_json(raw).tenant), task_id)
             await pipe.execute()
 
     async def size(self) -> int:
         return int(await self.redis.llen(self.order))
+
+    async def tenant_size(self, tenant: str) -> int:
+        return int(await self.redis.scard(self._tenant_key(tenant)))
 
     async def lock(self, owner: str, ttl: float) -> bool:
         px = max(1, int(ttl * 1000))

@@ -29,6 +29,7 @@ HOP_BY_HOP = frozenset({
 # set by the gateway alone; a client's copy is dropped
 GATEWAY_OWNED = frozenset({
     "x-tenant-id", "x-task-id", "x-gateway-attempt", "x-request-id", "authorization", "traceparent", "tracestate",
+    "x-tenant-max-active-tasks",
 })
 
 

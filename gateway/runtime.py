@@ -54,7 +54,7 @@ def build_runtime(config: GatewayConfig, services: Services) -> Runtime:
     """A runtime for `config`, sharing the long-lived parts (client, stores, metrics) of `services`."""
     services = dataclasses.replace(
         services,
-        tenants=TenantDirectory({t: c.api_key_hashes for t, c in config.tenants.items()}),
+        tenants=TenantDirectory({t: c.api_key_hashes for t, c in config.tenants.items()}, config.limits()),
         signer=DownloadSigner(config.download_signing.secrets, config.download_signing.max_link_ttl_sec),
         upstreams=upstreams_of(config, services.metrics),
         public_base_url=config.public_base_url.rstrip("/"),

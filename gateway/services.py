@@ -11,6 +11,7 @@ from exports_common.signing import DownloadSigner
 from gateway.breakers import Breakers
 from gateway.forwarding import TrustedProxies
 from gateway.kv import KeyValue, MemoryKV, RedisKV, SqliteKV
+from gateway.limiter import Limiter
 from gateway.outbox_store import OutboxStore, RedisOutbox, SqliteOutbox
 from gateway.retry_budget import RetryBudgets
 from gateway.telemetry import Metrics, Tracing
@@ -63,6 +64,7 @@ class Services:
     upstreams: dict[str, Upstream]
     state: StateStores
     breakers: Breakers
+    limiter: Limiter
     retry_budgets: RetryBudgets = field(default_factory=RetryBudgets)
     public_base_url: str = ""
     trusted_proxies: TrustedProxies = field(default_factory=TrustedProxies)

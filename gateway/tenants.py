@@ -1,17 +1,44 @@
-"""API keys to tenants. Keys are stored only as SHA-256 hashes ("sha256:<hex>")."""
+"""API keys to tenants, and what each tenant may do. Keys are stored only as SHA-256 hashes ("sha256:<hex>")."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
+
+from gateway.limiter import Quota
 
 
 def hash_key(api_key: str) -> str:
     return "sha256:" + hashlib.sha256(api_key.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class TenantLimits:
+    requests: Quota
+    submits: Quota
+    max_active_tasks: int
+    max_outbox_entries: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    by_tenant: dict[str, TenantLimits] = field(default_factory=dict)
+    per_address: Quota = field(default_factory=lambda: Quota(20, 50))
+    gateway_processes: int = 1
+
+
 class TenantDirectory:
-    def __init__(self, key_hashes: dict[str, list[str]]) -> None:
+    def __init__(self, key_hashes: dict[str, list[str]], limits: Limits | None = None) -> None:
         self._by_hash = {h.lower(): tenant for tenant, hashes in key_hashes.items() for h in hashes}
+        self.limits = limits or Limits()
 
     def lookup(self, api_key: str) -> str | None:
         # the lookup is by hash: its timing tells nothing about the key itself
         return self._by_hash.get(hash_key(api_key))
+
+    def bearer(self, authorization: str) -> str | None:
+        """The tenant an `Authorization: Bearer <key>` header names, or None."""
+        scheme, _, key = authorization.partition(" ")
+        return self.lookup(key.strip()) if scheme.lower() == "bearer" else None
+
+    def limits_of(self, tenant: str) -> TenantLimits:
+        return self.limits.by_tenant[tenant]

@@ -34,6 +34,15 @@ TEST_EXPORT_TYPES: dict[str, Any] = {
 }
 
 
+# Tests and benchmarks send many requests from one tenant (and one address): their gateways run with
+# the limits raised through the shipped config's variables. The limiter still runs on every request;
+# tests/test_limits.py sets its own low limits in the config itself.
+RAISED_LIMITS = {name: "1000000" for name in (
+    "TENANT_REQUESTS_PER_SEC", "TENANT_REQUESTS_BURST", "TENANT_SUBMITS_PER_SEC", "TENANT_SUBMITS_BURST",
+    "TENANT_MAX_ACTIVE_TASKS", "ADDRESS_REQUESTS_PER_SEC", "ADDRESS_REQUESTS_BURST",
+)}
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     if shutil.which("redis-server") is None:
@@ -77,6 +86,8 @@ def _starter(workdir: Path) -> Iterator[Callable[..., Service]]:
     started: list[Service] = []
 
     def start(module: str, config: dict[str, Any], name: str | None = None, **env: str) -> Service:
+        if module == "gateway":
+            env = RAISED_LIMITS | env
         service = Service(module, config, workdir, name or f"{module}-{len(started)}", env=env).start()
         started.append(service)
         return service

@@ -36,6 +36,9 @@ class TaskStore(Protocol):
 
     async def get(self, task_id: str) -> Task | None: ...
 
+    async def active_count(self, tenant: str) -> int:
+        """How many of the tenant's tasks are not terminal (PENDING or RUNNING)."""
+
     async def update(
         self, task_id: str, change: Change, *, enqueue: bool = False, ack: Lease | None = None
     ) -> tuple[Task | None, bool]:

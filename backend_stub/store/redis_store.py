@@ -50,6 +50,25 @@ class RedisTaskStore:
     def _tenant_key(self, tenant: str) -> str:
         return f"{self.prefix}:tenant:{tenant}"
 
+    def _active_key(self, tenant: str) -> str:
+        return f"{self.prefix}:active:{{{tenant}}}"
+
+    async def _track_active(self, before: Task | None, after: Task) -> None:
+        """Keep the tenant's set of active task ids in step with a task's change.
+
+        A separate command after the task's own transaction: the set lives in the tenant's
+        hash slot, the task in its own. A process killed in between leaves one id wrong
+        until the task's next change or its deletion by the janitor.
+        """
+        was_active = before is not None and not before.terminal
+        if after.terminal and was_active:
+            await self.redis.srem(self._active_key(after.tenant), after.task_id)
+        elif not after.terminal and not was_active:
+            await self.redis.sadd(self._active_key(after.tenant), after.task_id)
+
+    async def active_count(self, tenant: str) -> int:
+        return int(await self.redis.scard(self._active_key(tenant)))
+
     async def open(self) -> None:
         await self._create_group()
 
@@ -90,6 +109,7 @@ class RedisTaskStore:
                     pipe.zadd(self._tenant_key(task.tenant), {task.task_id: task.created_at})
                     pipe.xadd(self.stream, {"task_id": task.task_id})
                     await pipe.execute()
+                    await self._track_active(None, task)
                     return task, True
                 except WatchError:
                     continue
@@ -121,6 +141,7 @@ class RedisTaskStore:
                         pipe.xack(self.stream, _GROUP, ack.entry_id)
                         pipe.xdel(self.stream, ack.entry_id)
                     await pipe.execute()
+                    await self._track_active(current, new)
                     return new, True
                 except WatchError:
                     continue
@@ -201,6 +222,8 @@ class RedisTaskStore:
             if task is not None:
                 pipe.zrem(self._tenant_key(task.tenant), task_id)
             await pipe.execute()
+        if task is not None:
+            await self.redis.srem(self._active_key(task.tenant), task_id)
 
     async def task_counts(self) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
         """Read from the tenant indexes and the records: a scrape's cost grows with the tasks kept."""

@@ -33,6 +33,7 @@ CREATE TABLE IF NOT EXISTS tasks (
 );
 CREATE INDEX IF NOT EXISTS tasks_by_callback_due ON tasks (callback_due) WHERE callback_due IS NOT NULL;
 CREATE INDEX IF NOT EXISTS tasks_by_tenant ON tasks (tenant, created_at DESC, task_id DESC);
+CREATE INDEX IF NOT EXISTS tasks_active_by_tenant ON tasks (tenant) WHERE status IN ('PENDING', 'RUNNING');
 CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expire_at) WHERE expire_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS queue (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -97,6 +98,11 @@ class SqliteTaskStore:
 
     async def get(self, task_id: str) -> Task | None:
         return self._load(task_id)
+
+    async def active_count(self, tenant: str) -> int:
+        row = self.db.execute("SELECT count(*) FROM tasks WHERE tenant = ? AND status IN ('PENDING', 'RUNNING')",
+                              (tenant,)).fetchone()
+        return int(row[0])
 
     async def update(
         self, task_id: str, change: Change, *, enqueue: bool = False, ack: Lease | None = None

@@ -8,6 +8,7 @@ from gateway.plugins.fault import Fault
 from gateway.plugins.idempotency import Idempotency
 from gateway.plugins.list_query import ListQuery
 from gateway.plugins.outbox import Outbox
+from gateway.plugins.rate_limit import RateLimit
 from gateway.plugins.rerun import Rerun
 from gateway.plugins.retry import Retry
 from gateway.plugins.signed_download import SignedDownload
@@ -19,6 +20,6 @@ from gateway.plugins.validate import Validate
 
 # each class takes its own Settings type; the config layer validated settings against cls.Settings
 PLUGINS: dict[str, type[Plugin]] = {cls.name: cls for cls in (
-    Auth, Validate, ListQuery, Idempotency, TaskId, StatusCache, SignedDownload,
+    RateLimit, Auth, Validate, ListQuery, Idempotency, TaskId, StatusCache, SignedDownload,
     Rerun, StaleIfError, Outbox, Timeout, Retry, CircuitBreaker, Fault,
 )}

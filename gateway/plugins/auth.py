@@ -35,8 +35,7 @@ class Auth:
             if self.required:
                 raise ApiError(ErrorKind.UNAUTHORIZED, headers=_CHALLENGE)
             return await self.next(ctx)
-        scheme, _, key = header.partition(" ")
-        tenant = self.services.tenants.lookup(key.strip()) if scheme.lower() == "bearer" else None
+        tenant = self.services.tenants.bearer(header)
         if tenant is None:
             raise ApiError(ErrorKind.UNAUTHORIZED, "the API key is not valid", headers=_CHALLENGE)
         ctx.tenant = tenant

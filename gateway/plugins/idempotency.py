@@ -202,7 +202,7 @@ class Idempotency:
         except BaseException:
             await asyncio.shield(held.settle(None))
             raise
-        if resp.status >= 500:
+        if resp.status >= 500 or resp.status == 429:  # a refusal for now is no answer to replay later
             await held.settle(None)
             return resp
         body = await resp.read()

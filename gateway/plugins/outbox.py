@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from exports_common.errors import unavailable
+from exports_common.errors import ApiError, ErrorKind, unavailable
 from exports_common.timefmt import rfc3339
 from gateway.context import Handler, RequestContext
 from gateway.outbox_store import OutboxItem, new_item
@@ -31,6 +31,8 @@ class OutboxSettings(Settings):
     mode: Literal["outbox", "reject"] = "outbox"
     retry_after_sec: int = Field(5, ge=1, description="reject: Retry-After when no breaker says better")
     param: str = Field("task_id", description="status routes: the path parameter naming the task")
+    capacity: int = Field(100_000, ge=1, description="entries in all; a full outbox answers 503 (each tenant's "
+                                                     "own cap is its max_outbox_entries)")
 
 
 def pending_task(item: OutboxItem, body: Any) -> dict[str, Any]:
@@ -51,6 +53,7 @@ class Outbox:
         self.settings = settings
         self.store = services.outbox
         self.trusted = services.trusted_proxies
+        self.tenants = services.tenants
         self.metrics = services.metrics
         self.route = route
 
@@ -70,12 +73,26 @@ class Outbox:
         if self.settings.mode == "reject" or ctx.task_id is None or ctx.tenant is None:
             self.metrics.degraded.add(self.route, "reject")
             raise unavailable("the export service is unavailable", retry_after or self.settings.retry_after_sec)
+        await self._check_room(ctx.tenant)
         headers = [(k, v) for k, v in upstream_headers(ctx, self.trusted) if k != "x-gateway-attempt"]
         item = new_item(ctx.task_id, ctx.tenant, ctx.upstream, ctx.method, ctx.upstream_path, headers,
                         ctx.body or b"")
         await self.store.put(item)
         self.metrics.degraded.add(self.route, "outbox")
         return GatewayResponse.envelope(pending_task(item, ctx.json), status=202)
+
+    async def _check_room(self, tenant: str) -> None:
+        cap = self.tenants.limits_of(tenant).max_outbox_entries
+        waiting = await self.store.tenant_size(tenant)
+        if waiting >= cap:
+            self.metrics.degraded.add(self.route, "outbox_tenant_full")
+            raise ApiError(ErrorKind.OUTBOX_FULL, f"tenant {tenant} has {waiting} submissions waiting for the export "
+                           f"service, its limit; retry once it is back", data={"waiting": waiting, "limit": cap},
+                           headers={"Retry-After": str(self.settings.retry_after_sec)})
+        if await self.store.size() >= self.settings.capacity:
+            self.metrics.degraded.add(self.route, "outbox_full")
+            raise unavailable("the export service is unavailable and the gateway's outbox is full",
+                              self.settings.retry_after_sec)
 
     async def _status(self, ctx: RequestContext) -> GatewayResponse:
         task_id = ctx.params.get(self.settings.param, "")

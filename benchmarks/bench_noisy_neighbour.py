@@ -1,0 +1,149 @@
+"""Noisy neighbour (issue 12): tenant A floods submits, tenant B submits steadily, both through one gateway.
+
+The gateway runs the shipped limits (20 submits/s, bursts of 100, per tenant). In the same run:
+1. B alone: B submits at a steady pace; its submit latency and time-to-start (submit -> first poll
+   that sees the task out of PENDING);
+2. B while A floods submits with wrk (32 connections, as fast as they go): the same figures for B as
+   ratios against 1 (goal for the submit p99: <= 2), and the share of A's requests limited (429);
+   the gateway is pinned to one core and the flood's wrk to the other in both phases;
+3. (measured first, before any flood) the limiter's cost on the cache-hit path: a status poll
+   answered from the cache by a gateway with the rate_limit plugin on every route and by one
+   without it, each pinned to a core with wrk on the other (goal: with / without >= 0.95).
+
+B's time-to-start is printed but has no goal here: the backend's queue is still one FIFO, so A's
+admitted tasks queue ahead of B's (fair scheduling in the backend is a later change).
+
+Run: python -m benchmarks.bench_noisy_neighbour [--seconds 10] [--redis]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from benchmarks import wrk
+from benchmarks.bench_gateway import best_of
+from benchmarks.harness import LOAD_CPU, Processes, pin, processes, submit_and_wait
+from tests.conftest import DEMO2_KEY, DEMO_KEY, RAISED_LIMITS, backend_config, gateway_config
+from tests.procs import RedisServer
+
+A = {"Authorization": f"Bearer {DEMO_KEY}"}
+B = {"Authorization": f"Bearer {DEMO2_KEY}"}
+SHIPPED = {"TENANT_REQUESTS_PER_SEC": "100", "TENANT_REQUESTS_BURST": "200", "TENANT_SUBMITS_PER_SEC": "20",
+           "TENANT_SUBMITS_BURST": "100", "TENANT_MAX_ACTIVE_TASKS": "1000"}
+TYPES = {"small_export": {"dataset": "report", "rows": 10, "fault": {"delay_sec": 0.05}}}
+BODY = '{"export_type": "small_export"}'
+FLOOD = f"""
+wrk.method = "POST"
+wrk.body = '{BODY}'
+wrk.headers["Content-Type"] = "application/json"
+"""
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98] if len(values) >= 2 else values[0]
+
+
+def steady_b(url: str, seconds: float, per_sec: float = 4.0) -> tuple[list[float], list[float], int]:
+    """B's submit latencies (ms), times-to-start (s) and submits refused, submitting `per_sec` for `seconds`."""
+    refused = 0
+    latencies: list[float] = []
+    started: list[float] = []
+    waiting: dict[str, float] = {}
+    with httpx.Client(headers=B, timeout=30) as http:
+        deadline = time.monotonic() + seconds
+        next_at = time.monotonic()
+        while time.monotonic() < deadline or (waiting and time.monotonic() < deadline + 60):
+            now = time.monotonic()
+            if now >= next_at and now < deadline:
+                t0 = time.monotonic()
+                resp = http.post(f"{url}/api/v1/exports", content=BODY, headers={"Content-Type": "application/json"})
+                latencies.append((time.monotonic() - t0) * 1000)
+                if resp.status_code == 202:
+                    waiting[resp.json()["data"]["task_id"]] = t0
+                else:
+                    refused += 1
+                next_at += 1 / per_sec
+            for task_id, t0 in list(waiting.items()):
+                status = http.get(f"{url}/api/v1/exports/{task_id}").json()["data"]["status"]
+                if status != "PENDING":
+                    started.append(time.monotonic() - t0)
+                    del waiting[task_id]
+            time.sleep(0.02)
+    return latencies, started, refused
+
+
+def limiter_cost(procs: Processes, backend_url: str, redis_url: str, seconds: float) -> tuple[float, float]:
+    """Cache-hit polls per second with the rate_limit plugin and without it (limits raised: nothing refused).
+
+    Both gateways run side by side, each pinned to the server core while measured, in alternating
+    rounds (with, without, with, without), and the best round of each counts.
+    """
+    with_limits = gateway_config(procs.workdir, backend_url, redis_url, log_level="warning")
+    without = gateway_config(procs.workdir, backend_url, redis_url, log_level="warning")
+    for route in without["routes"]:
+        route["plugins"] = [p for p in route["plugins"] if not (isinstance(p, dict) and "rate_limit" in p)]
+    urls = []
+    for name, config in (("with", with_limits), ("without", without)):
+        gateway = procs.start("gateway", config, f"gateway-{name}-limits", env=RAISED_LIMITS)
+        done = submit_and_wait(gateway.url, {"export_type": "report_export"}, {"COMPLETED"})
+        pin(gateway)
+        urls.append(f"{gateway.url}/api/v1/exports/{done}")
+    best = [0.0, 0.0]
+    for _ in range(2):
+        for i, url in enumerate(urls):
+            best[i] = max(best[i], best_of(1, url, seconds, A, cpu=LOAD_CPU).rps)
+    return best[0], best[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--redis", action="store_true", help="limits shared through a private redis-server")
+    args = parser.parse_args()
+    with processes() as procs:
+        redis = RedisServer(procs.workdir).start() if args.redis else None
+        try:
+            run(procs, redis.url if redis else "", args.seconds)
+        finally:
+            if redis is not None:
+                redis.stop()
+
+
+def run(procs: Processes, redis_url: str, seconds: float) -> None:
+    backend = procs.start("backend_stub", backend_config(procs.workdir, export_types=TYPES, log_level="warning"),
+                          "backend")
+    hit_with, hit_without = limiter_cost(procs, backend.url, redis_url, min(seconds, 8))
+    gateway = procs.start("gateway", gateway_config(procs.workdir, backend.url, redis_url, log_level="warning"),
+                          "gateway", env=SHIPPED)
+    # the gateway on a core of its own, the flood's wrk on the other, in both phases
+    pin(gateway)
+    alone_lat, alone_start, _ = steady_b(gateway.url, seconds)
+
+    flood: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: flood.update(result=wrk.run(
+        f"{gateway.url}/api/v1/exports", seconds=seconds + 2, headers=A, lua=FLOOD, cpu=LOAD_CPU)))
+    thread.start()
+    time.sleep(1)
+    noisy_lat, noisy_start, refused = steady_b(gateway.url, seconds)
+    thread.join()
+    a: wrk.WrkResult = flood["result"]
+
+    mode = "Redis" if redis_url else "in process"
+    print(f"limits {mode}; B submits 4/s for {seconds:.0f} s, alone and while A floods")
+    print(f"B submit p99   alone {p99(alone_lat):7.1f} ms   with A flooding {p99(noisy_lat):7.1f} ms   "
+          f"ratio {p99(noisy_lat) / p99(alone_lat):.2f} (goal <= 2)")
+    print(f"B submits refused while A flooded: {refused} of {len(noisy_lat)}")
+    print(f"A: {a.requests} submits at {a.rps:.0f} req/s, {a.errors / a.requests:.1%} limited (429)")
+    print(f"B time-to-start p99   alone {p99(alone_start):6.2f} s   with A flooding {p99(noisy_start):6.2f} s   "
+          f"ratio {p99(noisy_start) / p99(alone_start):.2f} (no goal yet: the backend queue is one FIFO)")
+    print(f"cache-hit poll  with rate_limit {hit_with:7.0f} req/s   without {hit_without:7.0f} req/s   "
+          f"ratio {hit_with / hit_without:.2f} (goal >= 0.95)")
+
+
+if __name__ == "__main__":
+    main()

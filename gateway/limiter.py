@@ -1,0 +1,159 @@
+"""Rate limits as token buckets (GCRA), shared through Redis when configured, kept in process otherwise.
+
+GCRA keeps one number per bucket, the theoretical arrival time (TAT): a request
+is admitted when pushing the TAT one interval (1/rate) later leaves it within
+`burst` intervals of now. In Redis that is one key per bucket and one short Lua
+script per check, on the Redis clock, so every gateway sees one bucket
+(benchmarks/bench_limiter.py measured it against the `limits` library; README).
+
+The limiter never fails a request: with Redis unreachable each process keeps
+its share of every limit (rate and burst / number of gateway processes) locally,
+and tries Redis again a second later.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+log = logging.getLogger("gateway.limiter")
+
+# how long a process keeps to its local share after Redis failed, before one request tries Redis again
+REDIS_RETRY_SEC = 1.0
+# a check that Redis has not answered by then is decided locally (a stalled Redis must not stall requests)
+REDIS_TIMEOUT_SEC = 0.25
+
+_GCRA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local interval = tonumber(ARGV[1])
+local tolerance = tonumber(ARGV[2])
+local tat = now
+local stored = redis.call('GET', KEYS[1])
+if stored then tat = math.max(tonumber(stored), now) end
+local new_tat = tat + interval
+if new_tat - now > tolerance then
+  return {0, 0, math.ceil(new_tat - tolerance - now), math.ceil(tat - now)}
+end
+redis.call('SET', KEYS[1], string.format('%.3f', new_tat), 'PX', math.ceil(new_tat - now) + 1)
+return {1, math.floor((tolerance - (new_tat - now)) / interval), 0, math.ceil(new_tat - now)}
+"""
+
+
+@dataclass(frozen=True)
+class Quota:
+    """`per_sec` sustained, up to `burst` at once (a full bucket)."""
+
+    per_sec: float
+    burst: int
+
+    @property
+    def window_sec(self) -> float:
+        """The time an empty bucket takes to fill: the policy is `burst` requests per this window."""
+        return self.burst / self.per_sec
+
+    def share(self, processes: int) -> Quota:
+        return Quota(self.per_sec / processes, max(1, self.burst // processes))
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    remaining: int
+    retry_after: float  # seconds until one more request would be admitted; 0 when this one was
+    reset: float  # seconds until the bucket is full again
+
+
+def gcra(tat: float, now: float, quota: Quota) -> tuple[Decision, float | None]:
+    """The decision for one request at `now`, and the bucket's new TAT (None: refused, unchanged)."""
+    interval = 1.0 / quota.per_sec
+    tolerance = quota.burst * interval
+    tat = max(tat, now)
+    new_tat = tat + interval
+    if new_tat - now > tolerance:
+        return Decision(False, 0, new_tat - tolerance - now, tat - now), None
+    return Decision(True, math.floor((tolerance - (new_tat - now)) / interval + 1e-9), 0.0, new_tat - now), new_tat
+
+
+class LocalBuckets:
+    """Buckets in this process. A full bucket is the same as none, so those are swept when the map grows."""
+
+    def __init__(self) -> None:
+        self._tat: dict[str, float] = {}
+        self._sweep_at = 10_000
+
+    def hit(self, key: str, quota: Quota) -> Decision:
+        now = time.monotonic()
+        decision, new_tat = gcra(self._tat.get(key, now), now, quota)
+        if new_tat is not None:
+            self._tat[key] = new_tat
+            if len(self._tat) > self._sweep_at:
+                self._tat = {k: tat for k, tat in self._tat.items() if tat > now}
+                self._sweep_at = max(10_000, 2 * len(self._tat))
+        return decision
+
+    def __len__(self) -> int:
+        return len(self._tat)
+
+
+class Limiter:
+    def __init__(self, redis: aioredis.Redis | None, prefix: str) -> None:
+        self.local = LocalBuckets()
+        self.prefix = prefix
+        self._script: Any = redis.register_script(_GCRA) if redis is not None else None
+        self._redis_down_until = 0.0
+        # bucket -> when Redis said the next request fits: until then every gateway's request would be
+        # refused too (no token accrues anywhere sooner), so a flood's refusals cost no round trip
+        self._refused_until: dict[str, float] = {}
+        self._refused_sweep_at = 10_000
+
+    async def hit(self, tag: str, limit: str, quota: Quota, processes: int) -> Decision:
+        """One request against bucket `limit` of `tag` (a tenant or a client address).
+
+        `tag` is the Redis Cluster hash tag: one key per tag and limit, all of a tag's in one slot.
+        """
+        key = f"{self.prefix}:rl:{{{tag}}}:{limit}"
+        if self._script is None:
+            return self.local.hit(key, quota)
+        refused_until = self._refused_until.get(key)
+        if refused_until is not None:
+            wait = refused_until - time.monotonic()
+            if wait > 0:
+                return Decision(False, 0, wait, quota.window_sec)
+            del self._refused_until[key]
+        if self._redis_down_until:
+            now = time.monotonic()
+            if now < self._redis_down_until:
+                return self.local.hit(key, quota.share(processes))
+            # this request tries Redis again; the others keep to the local share meanwhile
+            self._redis_down_until = now + REDIS_RETRY_SEC
+        try:
+            async with asyncio.timeout(REDIS_TIMEOUT_SEC):
+                allowed, remaining, retry_ms, reset_ms = await self._script(
+                    keys=[key], args=[1000.0 / quota.per_sec, 1000.0 * quota.window_sec])
+        except (RedisError, OSError, TimeoutError) as exc:
+            if not self._redis_down_until:
+                log.warning("rate limits: Redis unreachable; each gateway process enforces its share locally "
+                            "until it is back", extra={"error": repr(exc), "processes": processes})
+            self._redis_down_until = time.monotonic() + REDIS_RETRY_SEC
+            return self.local.hit(key, quota.share(processes))
+        if self._redis_down_until:
+            log.info("rate limits: Redis is back; limits are shared again")
+            self._redis_down_until = 0.0
+        decision = Decision(bool(allowed), int(remaining), int(retry_ms) / 1000.0, int(reset_ms) / 1000.0)
+        if not decision.allowed:
+            self._remember_refusal(key, decision.retry_after)
+        return decision
+
+    def _remember_refusal(self, key: str, retry_after: float) -> None:
+        now = time.monotonic()
+        if len(self._refused_until) > self._refused_sweep_at:
+            self._refused_until = {k: t for k, t in self._refused_until.items() if t > now}
+            self._refused_sweep_at = max(10_000, 2 * len(self._refused_until))
+        self._refused_until[key] = now + retry_after
