@@ -51,18 +51,22 @@ class Node:
     after: tuple[str, ...] = ()
 
 
+# a local trial with the published demo keys, as `make run` is: both processes refuse them outside dev mode
+TRIAL = {"EXPORTS_DEV": "1"}
+
+
 def _backend(name: str, port: int) -> Node:
     return Node(name, "backend", port, {
         "REDIS_URL": "redis://{redis}/0", "RESULT_STORE_URL": f"s3://{BUCKET}/results",
         "AWS_ENDPOINT_URL": "http://{s3}", **S3_CREDENTIALS,
-        "BACKEND_DATA_DIR": f"{{data}}/{name}", "GATEWAY_PUBLIC_URL": "http://{lb}",
+        "BACKEND_DATA_DIR": f"{{data}}/{name}", "GATEWAY_PUBLIC_URL": "http://{lb}", **TRIAL,
     }, after=("redis", "s3"))
 
 
 def _gateway(name: str, port: int) -> Node:
     return Node(name, "gateway", port, {
         "REDIS_URL": "redis://{redis}/0", "GATEWAY_PUBLIC_URL": "http://{lb}",
-        "GATEWAY_STATE_DIR": f"{{data}}/{name}", "BACKEND_URLS": "http://{b1},http://{b2}",
+        "GATEWAY_STATE_DIR": f"{{data}}/{name}", "BACKEND_URLS": "http://{b1},http://{b2}", **TRIAL,
     }, after=("redis", "b1", "b2"))
 
 
@@ -210,6 +214,7 @@ def banner() -> str:
     return "\n".join([
         "", f"Export cluster is up (logs under {DATA_DIR}):", *lines, "",
         f"  public URL (load balancer): {lb}/api/v1/exports",
+        "  DEV MODE (a local trial): the published demo keys and secrets are accepted; never expose it",
         "  demo API keys:  demo -> demo-key-change-me    demo2 -> demo2-key-change-me",
         f"  admin token:    {os.environ.get('GATEWAY_ADMIN_TOKEN', 'admin-change-me')} (on each gateway)",
         f"  result store:   s3://{BUCKET}/results at http://{address('s3', 'local')}",

@@ -15,12 +15,13 @@ import httpx
 import pytest
 import yaml
 
+from exports_common.dev_mode import DEMO_API_KEYS
 from scripts import run_cluster
-from tests.conftest import DEMO_KEY
 from tests.helpers import wait_status
 from tests.procs import ROOT, wait_until
 
-AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
+# `make cluster` is a local trial in dev mode: the published demo key is what its users type
+AUTH = {"Authorization": f"Bearer {DEMO_API_KEYS['demo']}"}
 
 
 def test_compose_yaml_is_made_from_the_topology_run_cluster_starts() -> None:
