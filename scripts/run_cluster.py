@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +29,8 @@ from typing import Any, Literal
 import redis
 import yaml
 from redis import exceptions as redis_errors
+
+from exports_common.supervise import stop_all, stop_on_sigterm, wait_for_any_exit
 
 ROOT = Path(__file__).resolve().parent.parent
 # shifts every local port, so a second cluster (a test's) can run beside `make cluster`
@@ -178,7 +179,7 @@ def up(workdir: Path, on_ready: Any = None) -> int:
     """Start every node in order, each once the ones before it answer; stop all on Ctrl-C or SIGTERM."""
     workdir.mkdir(parents=True, exist_ok=True)
     started: list[subprocess.Popen[bytes]] = []
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_sigterm()
     try:
         for node in TOPOLOGY:
             with open(workdir / f"{node.name}.log", "ab") as log:
@@ -190,20 +191,12 @@ def up(workdir: Path, on_ready: Any = None) -> int:
         print(banner(), flush=True)
         if on_ready is not None:
             on_ready()
-        while all(p.poll() is None for p in started):
-            time.sleep(0.5)
+        wait_for_any_exit(started)
         print("a node exited; stopping the cluster (logs in " + str(workdir) + ")", flush=True)
     except KeyboardInterrupt:
         pass
     finally:
-        for proc in reversed(started):
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in reversed(started):
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(started)
     return 0
 
 
@@ -254,10 +247,6 @@ def node_main(name: str, hosts: Hosts) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1", **resolved_env(node, hosts))
     os.chdir(ROOT)
     os.execvpe(command(node, hosts, workdir)[0], command(node, hosts, workdir), env)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def main() -> int:

@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 from exports_common.dev_mode import DEV_ADMIN_TOKEN, DEV_PUBLIC_URL
+from exports_common.supervise import stop_all, stop_on_sigterm, wait_for_any_exit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,30 +63,14 @@ Try:
        -H 'Content-Type: application/json' -d '{{"export_type": "order_export", "filters": {{"region": "eu-west"}}}}'
 Ctrl-C stops both.
 """, flush=True)
-        _wait(started)
+        stop_on_sigterm()
+        wait_for_any_exit(started)
+        print("a process stopped; stopping the other", file=sys.stderr)
     except KeyboardInterrupt:
         pass
     finally:
-        for proc in reversed(started):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in reversed(started):
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(started, signal.SIGINT)
     return 0
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def _wait(started: list[subprocess.Popen[bytes]]) -> None:
-    signal.signal(signal.SIGTERM, _interrupt)
-    while all(p.poll() is None for p in started):
-        time.sleep(0.5)
-    print("a process stopped; stopping the other", file=sys.stderr)
 
 
 if __name__ == "__main__":
