@@ -1,4 +1,4 @@
-"""The shape of a submit body (CONTRACT 2.1), checked the same way at the edge and in the backend."""
+"""The shape of a submit body, checked the same way at the edge and in the backend."""
 from __future__ import annotations
 
 import json
@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from typing import Any, Collection
 from urllib.parse import urlsplit
 
+from exports_common.contract import DEFAULT_FORMAT, Format
 from exports_common.errors import validation_error
 from exports_common.netpolicy import host_name_problem
 
-FORMATS = ("csv", "jsonl")
 FIELDS = frozenset({"export_type", "filters", "callback_url", "timeout_sec", "format"})
 
 
@@ -34,8 +34,8 @@ def check_timeout(value: Any, max_timeout_sec: int, field: str = "timeout_sec") 
 
 
 def check_format(value: Any, field: str = "format") -> str:
-    if value not in FORMATS:
-        raise validation_error(field, f"must be one of {list(FORMATS)}")
+    if value not in Format.__members__.values():
+        raise validation_error(field, f"must be one of {[f.value for f in Format]}")
     return str(value)
 
 
@@ -81,5 +81,5 @@ def check_submit_body(
         filters=filters,
         callback_url=check_callback_url(body.get("callback_url")),
         timeout_sec=check_timeout(body.get("timeout_sec", default_timeout_sec), max_timeout_sec),
-        format=check_format(body.get("format", "csv")),
+        format=check_format(body.get("format", DEFAULT_FORMAT)),
     )

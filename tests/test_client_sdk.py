@@ -349,11 +349,13 @@ def _schema_types(hint: Any) -> set[str]:
     return {names.get(a, f"#/components/schemas/{getattr(a, '__name__', a)}") for a in args}
 
 
-def _openapi_types(schema: dict[str, Any]) -> set[str]:
+def _openapi_types(schema: dict[str, Any], schemas: dict[str, Any]) -> set[str]:
     if "$ref" in schema:
-        return {schema["$ref"]}
-    if "oneOf" in schema:
-        return set().union(*(_openapi_types(s) for s in schema["oneOf"]))
+        target = schemas[schema["$ref"].rsplit("/", 1)[1]]
+        return {target["type"]} if "enum" in target else {schema["$ref"]}  # an enum is its values' type
+    for union in ("oneOf", "anyOf"):
+        if union in schema:
+            return set().union(*(_openapi_types(s, schemas) for s in schema[union]))
     kind = schema.get("type", "string")
     return set(kind) if isinstance(kind, list) else {kind}
 
@@ -367,7 +369,7 @@ def test_models_match_the_gateways_live_openapi(stack: ClientStack, model: type,
     fields = {f.name for f in dataclasses.fields(model)}
     assert fields == set(schema["properties"]), f"{name}: fields differ from the gateway's schema"
     for field in fields:
-        expected = _openapi_types(schema["properties"][field])
+        expected = _openapi_types(schema["properties"][field], schemas)
         if field not in schema.get("required", []):
             expected.add("null")  # optional in the document: None when absent
         assert _schema_types(hints[field]) == expected, (name, field)
