@@ -1,4 +1,4 @@
-"""The public API through a real gateway in front of a real backend (CONTRACT section 2 and 5)."""
+"""The public API through a real gateway in front of a real backend."""
 from __future__ import annotations
 
 import asyncio
