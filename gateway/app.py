@@ -143,6 +143,8 @@ class Gateway:
             log.error("config reload refused outside dev mode; the config in force keeps serving",
                       extra={"problems": unsafe})
             return unsafe
+        if config == self.runtime.config:  # the watcher and a SIGHUP or /admin/reload may both see one edit
+            return []
         self._apply(build_runtime(config, self.runtime.services))
         self.runtime.services.metrics.config_reloads.add("applied")
         log.info("config reloaded", extra={"routes": len(config.routes), "config_hash": self.config_hash})

@@ -209,8 +209,7 @@ async def _through(shared: Breaker, own: Breaker, call: Callable[[], Awaitable[G
                    failure_statuses: frozenset[int]) -> GatewayResponse:
     try:
         resp = await call()
-    except asyncio.CancelledError:
-        raise  # a request that went away says nothing about the upstream
+    # a request that went away (CancelledError, not an Exception) passes uncounted: it says nothing of the upstream
     except UpstreamError as exc:
         if exc.kind not in ("circuit_open",):
             shared.record(failed=True)
