@@ -11,7 +11,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
 from exports_common.signing import DownloadSigner
 from exports_common.task_ids import TASK_ID_PATTERN
@@ -118,17 +118,10 @@ class Task(_View):
     timeout_sec: Annotated[int, Field(ge=1)] | None = None
     estimated_completion_sec: Count | None = Field(None, description="on a new task: the expected run time")
 
-    @model_serializer(mode="wrap")
-    def _without_unknowns(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        out: dict[str, Any] = handler(self)
-        for name in _OMITTED_WHEN_UNKNOWN:
-            if out.get(name) is None:
-                out.pop(name, None)
-        return out
-
     def answer(self) -> dict[str, Any]:
-        """The task as an API answer's `data`."""
-        return self.model_dump(mode="json")
+        """The task as an API answer's `data` (a field not known is left out rather than null)."""
+        unknown = {name for name in _OMITTED_WHEN_UNKNOWN if getattr(self, name) is None}
+        return self.model_dump(mode="json", exclude=unknown)
 
 
 class ExportType(_View):
