@@ -33,6 +33,7 @@ from gateway.upstream import UpstreamError
 log = logging.getLogger("gateway.breaker")
 STATES = {"closed": 0, "half-open": 1, "open": 2}
 ANONYMOUS = "-"  # calls with no tenant (signed downloads) share one tenant's breaker
+_TRIALS: set[asyncio.Future[GatewayResponse]] = set()
 
 
 class _Report(pybreaker.CircuitBreakerListener):
@@ -195,6 +196,9 @@ async def guarded(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse
     # This call is a trial. It runs to its end even if its request is cancelled, so that the
     # upstream's answer decides whether the breaker closes.
     trial = asyncio.ensure_future(_through(breaker, own, call, failure_statuses))
+    # the event loop holds tasks weakly: one whose request went away is held here until it ends
+    _TRIALS.add(trial)
+    trial.add_done_callback(_TRIALS.discard)
     for trying, is_trial in ((breaker, shared_trial), (own, own_trial)):
         if is_trial:
             trial.add_done_callback(trying.trial_done)
