@@ -26,6 +26,7 @@ class Status(StrEnum):
     CANCELLED = "CANCELLED"
 
 
+STATUSES = tuple(s.value for s in Status)  # for membership tests of any JSON value (a tuple compares, never hashes)
 ACTIVE = frozenset({Status.PENDING, Status.RUNNING})
 TERMINAL = frozenset(Status) - ACTIVE
 
@@ -42,6 +43,7 @@ class Format(StrEnum):
 
 
 _MEDIA_TYPES = {Format.CSV: "text/csv; charset=utf-8", Format.JSONL: "application/x-ndjson"}
+FORMATS = tuple(f.value for f in Format)
 DEFAULT_FORMAT = Format.CSV
 
 

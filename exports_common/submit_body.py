@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Collection
 from urllib.parse import urlsplit
 
-from exports_common.contract import DEFAULT_FORMAT, Format
+from exports_common.contract import DEFAULT_FORMAT, FORMATS
 from exports_common.errors import validation_error
 from exports_common.netpolicy import host_name_problem
 
@@ -34,8 +34,8 @@ def check_timeout(value: Any, max_timeout_sec: int, field: str = "timeout_sec") 
 
 
 def check_format(value: Any, field: str = "format") -> str:
-    if value not in Format.__members__.values():
-        raise validation_error(field, f"must be one of {[f.value for f in Format]}")
+    if value not in FORMATS:
+        raise validation_error(field, f"must be one of {list(FORMATS)}")
     return str(value)
 
 

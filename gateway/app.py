@@ -87,7 +87,6 @@ class Gateway:
             raise RuntimeError("the gateway has not started")
         return self._runtime
 
-
     # -- lifecycle -------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from exports_common.contract import DEFAULT_FORMAT, PUBLIC_MODELS, Format
+from exports_common.contract import DEFAULT_FORMAT, FORMATS, PUBLIC_MODELS, Format
 from exports_common.errors import ErrorKind
 from exports_common.task_ids import TASK_ID_PATTERN
 from gateway.config import GatewayConfig, plugin_of
@@ -82,7 +82,7 @@ def _submit_properties(export_type: dict[str, Any], filters: dict[str, Any], max
         "callback_url": {"type": ["string", "null"], "format": "uri", "maxLength": 2048,
                          "description": "absolute http(s) URL of a public address"},
         "timeout_sec": {"type": "integer", "minimum": 1, "maximum": max_timeout, "default": 300},
-        "format": {"type": "string", "enum": [f.value for f in Format], "default": DEFAULT_FORMAT.value},
+        "format": {"type": "string", "enum": list(FORMATS), "default": DEFAULT_FORMAT.value},
     }
 
 
