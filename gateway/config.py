@@ -1,7 +1,8 @@
 """The gateway's configuration, as read from config/gateway.yaml.
 
 A route's `plugins` list is validated against each plugin's own settings model,
-so a mistake is reported at its exact path (routes[0].plugins[2].idempotency.ttl_sec).
+so a mistake is reported at its exact path (routes[0].plugins[2].<plugin>.<setting>),
+and each route against the contracts its plugins declare (`contract_problems`).
 """
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ def _one_plugin(self: BaseModel) -> BaseModel:
     return self
 
 
-# Fields are named p_<plugin> with the plugin's name as alias: a plugin called
-# `validate` must not shadow BaseModel.validate.
+# Fields are named p_<plugin> with the plugin's name as alias: a plugin's name must not shadow a
+# BaseModel attribute (validate, copy, json, ...).
 PluginEntry: type[BaseModel] = create_model(  # type: ignore[call-overload]
     "PluginEntry",
     __config__=ConfigDict(extra="forbid"),
