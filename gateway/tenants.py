@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from gateway.context import RequestContext
 from gateway.limiter import Quota
+from gateway.refusal_hold import HoldSettings
 
 
 def hash_key(api_key: str) -> str:
@@ -25,6 +26,7 @@ class Limits:
     by_tenant: dict[str, TenantLimits] = field(default_factory=dict)
     per_address: Quota = field(default_factory=lambda: Quota(20, 50))
     gateway_processes: int = 1
+    hold: HoldSettings = field(default_factory=HoldSettings)
 
 
 class TenantDirectory:

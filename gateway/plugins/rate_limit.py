@@ -72,6 +72,7 @@ async def check_address(services: Services, scope: Scope) -> GatewayResponse | N
                                           limits.gateway_processes)
     if decision.allowed:
         return None
+    await services.refusal_hold(f"addr:{address}", limits.hold)
     return refusal("address", limits.per_address, decision, f"client address {address}")
 
 
@@ -95,6 +96,7 @@ class RateLimit:
         quota = limits.submits if self.limit == "submits" else limits.requests
         decision = await self.services.limiter.hit(tenant, self.limit, quota, tenants.limits.gateway_processes)
         if not decision.allowed:
+            await self.services.refusal_hold(f"{tenant}:{self.limit}", tenants.limits.hold)
             return refusal(self.limit, quota, decision, f"tenant {tenant}")
         if self.active_tasks:
             ctx.upstream_headers[ACTIVE_TASKS_HEADER] = str(limits.max_active_tasks)
