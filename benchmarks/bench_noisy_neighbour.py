@@ -11,7 +11,9 @@ The gateway runs the shipped limits (20 submits/s, bursts of 100, per tenant). I
    answered from the cache by a gateway with the rate_limit plugin on every route and by one
    without it, each pinned to a core with wrk on the other (goal: with / without >= 0.95).
 
-The backend takes tasks in fair turns across tenants, so A's admitted backlog does not delay B's.
+The backend takes tasks in fair turns across tenants, so A's admitted backlog does not delay B's
+beyond the task running when B submits; with `scheduler.default_max_running: 1` on its 2 workers
+(as the README advises: a cap below the workers) one worker is always free for the other tenant.
 
 Run: python -m benchmarks.bench_noisy_neighbour [--seconds 10] [--redis] [--no-hold]
 """
@@ -116,8 +118,8 @@ def main() -> None:
 
 
 def run(procs: Processes, redis_url: str, seconds: float, hold: bool) -> None:
-    backend = procs.start("backend_stub", backend_config(procs.workdir, export_types=TYPES, log_level="warning"),
-                          "backend")
+    backend = procs.start("backend_stub", backend_config(procs.workdir, export_types=TYPES, log_level="warning",
+                                                         workers=2, scheduler={"default_max_running": 1}), "backend")
     hit_with, hit_without = limiter_cost(procs, backend.url, redis_url, min(seconds, 8))
     config = gateway_config(procs.workdir, backend.url, redis_url, log_level="warning")
     if not hold:
