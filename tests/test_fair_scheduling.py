@@ -79,15 +79,16 @@ def test_another_tenants_task_starts_at_the_next_free_worker_behind_a_backlog_of
     _submit(url, TENANT_A, 200)
     wait_until(lambda: sum(t["status"] == "RUNNING" for t in _tasks(url, TENANT_A)) == len(backends), 15,
                what="every worker busy with the flooder's tasks")
-    submitted = time.time()
     task_id = _submit(url, TENANT_B, 1)[0]
+    queued = time.time()
     wait_status(url, task_id, {"RUNNING", "COMPLETED"}, timeout=10)
     starts = _logged(backends, "task started")
-    waited = starts[task_id] - submitted
+    waited = starts[task_id] - queued
     # under one FIFO it waited for the whole backlog: 200 x 0.5 s / workers
     assert waited < duration + 1.0, f"waited {waited:.2f} s behind the backlog; one task lasts {duration} s"
-    jumped = [t for t, at in starts.items() if submitted < at < starts[task_id]]
-    assert len(jumped) < len(backends), "the first worker to free up took the quiet tenant's task"
+    # at most one: a flooder's task the worker claimed before the quiet one's was queued, logged a moment later
+    jumped = [t for t, at in starts.items() if queued < at < starts[task_id]]
+    assert len(jumped) <= 1, f"{len(jumped)} of the flooder's tasks started first; the next free worker takes it"
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])

@@ -66,14 +66,15 @@ async def test_create_once_and_enqueue_once(store: TaskStore) -> None:
 async def test_expired_lease_is_claimed_by_another_consumer_and_renew_prevents_it(store: TaskStore) -> None:
     task = make_task()
     await store.create(task)
-    lease = await store.claim("c1", 0.3, 0.1)
+    # margins of 0.25 s around the lease of 0.6 s: a loaded machine oversleeps
+    lease = await store.claim("c1", 0.6, 0.1)
     assert lease is not None
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.35)
     await store.renew(lease, "c1")
-    await asyncio.sleep(0.2)
-    assert await store.claim("c2", 0.3, 0.01) is None, "a renewed lease is not taken over"
-    await asyncio.sleep(0.4)
-    stolen = await store.claim("c2", 0.3, 0.1)
+    await asyncio.sleep(0.35)
+    assert await store.claim("c2", 0.6, 0.01) is None, "a renewed lease is not taken over"
+    await asyncio.sleep(0.7)
+    stolen = await store.claim("c2", 0.6, 0.1)
     assert stolen is not None and stolen.task_id == task.task_id
     await store.ack(stolen)
     assert await store.claim("c3", 0.01, 0.05) is None
