@@ -194,3 +194,23 @@ async def test_a_taken_over_lease_keeps_its_place_under_the_cap_and_its_old_hold
     assert await store.claim("other", 30, 0.05) is None
     await store.ack(taken)
     assert (await _claim(store)).task_id == second
+
+
+async def test_a_sqlite_queue_from_before_fair_scheduling_keeps_its_tasks_and_learns_their_tenants(
+        tmp_path: Path) -> None:
+    first = SqliteTaskStore(str(tmp_path))
+    await first.open()
+    tasks = [make_task(tenant) for tenant in ("a", "a", "a", "b")]
+    for task in tasks:
+        await first.create(task)
+    # the queue as the version before kept it: no tenant column
+    first.db.executescript("DROP INDEX queue_waiting; DROP INDEX queue_leased; ALTER TABLE queue DROP COLUMN tenant")
+    await first.close()
+    upgraded = SqliteTaskStore(str(tmp_path))
+    await upgraded.open()
+    order = []
+    while (lease := await upgraded.claim("c", 30, 0.01)) is not None:
+        order.append(lease.task_id)
+        await upgraded.ack(lease)
+    await upgraded.close()
+    assert order == [tasks[0].task_id, tasks[3].task_id, tasks[1].task_id, tasks[2].task_id]
