@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from redis.exceptions import WatchError
 
-from backend_stub.models import PENDING, Task
+from backend_stub.models import Task
 from backend_stub.store import scheduler_scripts as lua
 from backend_stub.store.base import (
     Change,
@@ -35,6 +35,7 @@ from backend_stub.store.base import (
     encode_cursor,
 )
 from backend_stub.store.fair import Fairness
+from exports_common.contract import Status
 from exports_common.redis_client import connect
 
 CLAIM_BLOCK_SEC = 1.0
@@ -242,7 +243,7 @@ class RedisTaskStore:
                         continue
                     task = Task.from_json(raw)
                     counts[(tenant, task.status)] = counts.get((tenant, task.status), 0) + 1
-                    if task.status == PENDING:
+                    if task.status == Status.PENDING:
                         oldest[tenant] = min(oldest.get(tenant, task.created_at), task.created_at)
         return counts, oldest
 

@@ -15,7 +15,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from backend_stub.models import PENDING, TERMINAL, Task
+from backend_stub.models import Task
 from backend_stub.store.base import (
     Change,
     Lease,
@@ -24,6 +24,7 @@ from backend_stub.store.base import (
     encode_cursor,
 )
 from backend_stub.store.fair import Fairness, Turns
+from exports_common.contract import TERMINAL, Status
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -250,7 +251,7 @@ class SqliteTaskStore:
         oldest: dict[str, float] = {}
         for tenant, status, n, created in rows.fetchall():
             counts[(tenant, status)] = n
-            if status == PENDING:
+            if status == Status.PENDING:
                 oldest[tenant] = created
         return counts, oldest
 
