@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import base64
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -116,6 +116,18 @@ class ExportTypeConfig(Strict):
         return self
 
 
+class SchedulerConfig(Strict):
+    """How workers share themselves among tenants: weighted fair turns, an optional cap on running tasks."""
+
+    default_weight: int = Field(1, ge=1, le=1000, description="a tenant's share of workers relative to others")
+    weights: dict[str, Annotated[int, Field(ge=1, le=1000)]] = Field(
+        default_factory=dict, description="tenant -> its own weight")
+    default_max_running: int | None = Field(None, ge=1, description="at most this many of one tenant's tasks "
+                                            "running at once over all backends; none: no cap")
+    max_running: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict, description="tenant -> its own running cap")
+
+
 class BackendConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8081, ge=0, le=65535)
@@ -128,6 +140,7 @@ class BackendConfig(Strict):
         "(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION); several backends need "
         "one store they all read"))
     workers: int = Field(2, ge=1, le=64)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     lease_sec: float = Field(30.0, gt=0, description="a dead worker's task is picked up again after this")
     progress_interval_sec: float = Field(0.5, gt=0)
     task_ttl_sec: int = Field(86_400, ge=1, le=72 * 3600, description="terminal tasks and files are deleted after this")

@@ -280,8 +280,10 @@ class Gateway:
                            headers={"Retry-After": "5"})
         return ok({"status": "ready", "routes": len(self.runtime.config.routes)})
 
-    async def openapi(self, request: Request) -> Response:
-        await check_address(self.runtime.services, request.scope)
+    async def openapi(self, request: Request) -> Response | GatewayResponse:
+        refused = await check_address(self.runtime.services, request.scope)
+        if refused is not None:
+            return refused
         types = await self.export_types.get(self.runtime)
         return Response(json.dumps(openapi.build(self.runtime.config, types)), media_type="application/json")
 

@@ -25,6 +25,7 @@ from exports_common.connection_limits import ConnectionLimits, networks
 from exports_common.otel import TracingConfig
 from gateway.limiter import Quota
 from gateway.plugins import PLUGINS
+from gateway.refusal_hold import HoldSettings
 from gateway.tenants import Limits, TenantLimits
 
 HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
@@ -234,6 +235,8 @@ class GatewayConfig(Strict):
                                       description="requests without a valid API key, per client address")
     gateway_processes: int = Field(1, ge=1, description="gateway processes sharing the limits; with Redis "
                                                         "unreachable each enforces limit / this locally")
+    refusal_hold: HoldSettings = Field(default_factory=HoldSettings,
+                                       description="a flood's 429s are answered later (gateway/refusal_hold.py)")
     upstreams: dict[str, UpstreamConfig]
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     access_log: bool = Field(False, description="one JSON line per request (logger gateway.access)")
@@ -271,7 +274,7 @@ class GatewayConfig(Strict):
                 max_active_tasks=over.max_active_tasks or base.max_active_tasks,
                 max_outbox_entries=over.max_outbox_entries or base.max_outbox_entries,
             )
-        return Limits(by_tenant, self.address_limit.quota(), self.gateway_processes)
+        return Limits(by_tenant, self.address_limit.quota(), self.gateway_processes, self.refusal_hold)
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

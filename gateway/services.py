@@ -13,6 +13,7 @@ from gateway.forwarding import TrustedProxies
 from gateway.kv import KeyValue, MemoryKV, RedisKV, SqliteKV
 from gateway.limiter import Limiter
 from gateway.outbox_store import OutboxStore, RedisOutbox, SqliteOutbox
+from gateway.refusal_hold import RefusalHold
 from gateway.retry_budget import RetryBudgets
 from gateway.telemetry import Metrics, Tracing
 from gateway.tenants import TenantDirectory
@@ -65,6 +66,7 @@ class Services:
     state: StateStores
     breakers: Breakers
     limiter: Limiter
+    refusal_hold: RefusalHold = field(default_factory=RefusalHold)
     retry_budgets: RetryBudgets = field(default_factory=RetryBudgets)
     public_base_url: str = ""
     trusted_proxies: TrustedProxies = field(default_factory=TrustedProxies)
