@@ -33,7 +33,7 @@ async def sweep_once(store: TaskStore, results: ResultStore) -> int:
     return removed
 
 
-EXPECTED = {
+EXPECTED: dict[type[Exception], str] = {
     StoreUnavailable: "the result store does not answer; expired tasks are kept until it does: check the "
                       "S3 endpoint and credentials in result_store",
     **store_down("expired tasks are kept"),
