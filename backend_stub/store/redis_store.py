@@ -7,10 +7,12 @@ own entry, which resets its idle time. A Redis that lost its data (restarted
 without persistence) lost the consumer group too: the first command that finds
 it gone (NOGROUP) creates it again.
 
-Every key carries the hash tag `{<prefix>}`: the transactions here span a task's
-record and the shared queue and indexes, so on Redis Cluster they must share a
-slot. The backend's whole store is then one slot (one shard's worth of load),
-which keeps each state change atomic; spreading it needs per-shard queues.
+Every key carries the hash tag `{<prefix>}` (and only that one: Redis hashes the
+first `{...}` of a key): the transactions here span a task's record and the shared
+queue and indexes, so on Redis Cluster they must share a slot. The backend's whole
+store is then one slot (one shard's worth of load), which keeps each state change
+atomic; spreading it needs per-shard queues. Nothing here scans the key space: the
+metrics read the tenants from an index kept with the tasks.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ class RedisTaskStore:
         self.stream = f"{self.prefix}:queue"
         self.expiry = f"{self.prefix}:expiry"
         self.callbacks = f"{self.prefix}:callbacks"
+        self.tenants = f"{self.prefix}:tenants"  # every tenant that ever had a task here: a few per customer
 
     def _task_key(self, task_id: str) -> str:
         return f"{self.prefix}:task:{task_id}"
@@ -56,9 +59,9 @@ class RedisTaskStore:
     async def _track_active(self, before: Task | None, after: Task) -> None:
         """Keep the tenant's set of active task ids in step with a task's change.
 
-        A separate command after the task's own transaction: the set lives in the tenant's
-        hash slot, the task in its own. A process killed in between leaves one id wrong
-        until the task's next change or its deletion by the janitor.
+        A separate command after the task's own transaction (the set is in the store's slot,
+        its `{tenant}` is not a hash tag, so it could join it). A process killed in between
+        leaves one id wrong until the task's next change or its deletion by the janitor.
         """
         was_active = before is not None and not before.terminal
         if after.terminal and was_active:
@@ -107,6 +110,7 @@ class RedisTaskStore:
                     pipe.multi()
                     self._stage_write(pipe, task)
                     pipe.zadd(self._tenant_key(task.tenant), {task.task_id: task.created_at})
+                    pipe.sadd(self.tenants, task.tenant)
                     pipe.xadd(self.stream, {"task_id": task.task_id})
                     await pipe.execute()
                     await self._track_active(None, task)
@@ -229,9 +233,8 @@ class RedisTaskStore:
         """Read from the tenant indexes and the records: a scrape's cost grows with the tasks kept."""
         counts: dict[tuple[str, str], int] = {}
         oldest: dict[str, float] = {}
-        async for key in self.redis.scan_iter(match=self._tenant_key("*"), count=500):
-            tenant = key[len(self._tenant_key("")):]
-            ids = await self.redis.zrange(key, 0, -1)
+        for tenant in cast("set[str]", await self.redis.smembers(self.tenants)):
+            ids = await self.redis.zrange(self._tenant_key(tenant), 0, -1)
             for start in range(0, len(ids), 500):
                 for raw in await self.redis.mget([self._task_key(str(t)) for t in ids[start:start + 500]]):
                     if raw is None:
