@@ -258,7 +258,7 @@ def test_a_redirect_needs_an_s3_store() -> None:
 
     from backend_stub.config import BackendConfig
 
-    types = {"orders": {"dataset": "orders"}}
+    config = {"export_types": {"orders": {"dataset": "orders"}}, "download_redirect": {"ttl_sec": 60}}
     with pytest.raises(ValidationError, match="needs an s3:// result_store"):
-        BackendConfig.model_validate({"export_types": types, "download_redirect": {"ttl_sec": 60}})
-    BackendConfig.model_validate({"export_types": types, "result_store": "s3://b/p", "download_redirect": {"ttl_sec": 60}})
+        BackendConfig.model_validate(config)
+    BackendConfig.model_validate(config | {"result_store": "s3://b/p"})
