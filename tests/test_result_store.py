@@ -7,6 +7,8 @@ store answers 503 with Retry-After and leaves the task's record as it was.
 """
 from __future__ import annotations
 
+import asyncio
+import io
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ import httpx
 import pytest
 
 from backend_stub.byte_range import requested_range
-from exports_client import ExportsClient
+from exports_client import AsyncExportsClient, ExportsClient, Task
 from exports_common.errors import ApiError
 from tests.conftest import DEMO_KEY, backend_config, gateway_config
 from tests.helpers import assert_envelope_error, backend_create, backend_task, wait_status
@@ -245,12 +247,20 @@ def test_an_opt_in_redirect_sends_downloads_to_a_presigned_store_url(
         dest = tmp_path / "out.csv"
         Path(f"{dest}.part").write_bytes(whole.content[:7])  # an interrupted download, resumed by Range
         assert client.download(task, dest) == dest and dest.read_bytes() == whole.content
+        assert asyncio.run(_download_async(gateway.url, task)) == whole.content
     store_host = f"localhost:{s3.port}"
     assert (store_host, False) in transport.seen and (store_host, True) not in transport.seen  # no key to the store
 
     wait_until(lambda: httpx.get(f"{backend.url}/exports/{task.task_id}/file", headers={"X-Tenant-Id": "demo"},
                                  timeout=5).status_code == 410, 20, what="the task to expire")
     assert httpx.get(link, timeout=10).status_code == 410
+
+
+async def _download_async(url: str, task: Task) -> bytes:
+    sink = io.BytesIO()
+    async with AsyncExportsClient(url, DEMO_KEY) as client:
+        await client.download(task, sink)
+    return sink.getvalue()
 
 
 def test_a_redirect_needs_an_s3_store() -> None:
