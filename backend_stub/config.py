@@ -130,7 +130,8 @@ class BackendConfig(Strict):
     port: int = Field(8081, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     data_dir: str = ".data/backend"
-    redis_url: str = Field("", description="empty: embedded SQLite store; set: shared Redis store and queue")
+    redis_url: str = Field("", description="empty: embedded SQLite store; set: shared Redis store and "
+                           "queue (redis://HOST:PORT/DB, or redis+cluster://HOST:PORT for a Redis Cluster)")
     redis_prefix: str = "exports"
     result_store: str = Field("", pattern=r"^$|^file://.+|^s3://[^/]+(/.*)?$", description=(
         "where result files live: empty (file:// under data_dir), file://PATH, or s3://BUCKET/PREFIX "
