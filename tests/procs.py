@@ -225,15 +225,18 @@ class RedisClusterServers:
         self.url = f"redis+cluster://127.0.0.1:{self.ports[0]}"
         self.procs: list[subprocess.Popen[bytes]] = []
 
+    def _spawn(self, port: int) -> subprocess.Popen[bytes]:
+        # the node's identity and slots live in its nodes-<port>.conf: a restarted node takes them back
+        proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+             "--cluster-config-file", f"nodes-{port}.conf", "--appendonly", "no", "--save", "",
+             "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(functools.partial(self._ask, port, "ping"), 10, what=f"redis-server :{port} to answer")
+        return proc
+
     def start(self) -> RedisClusterServers:
-        for port in self.ports:
-            self.procs.append(subprocess.Popen(
-                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                 "--cluster-config-file", f"nodes-{port}.conf", "--appendonly", "no", "--save", "",
-                 "--dir", str(self.workdir)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        for port in self.ports:
-            wait_until(functools.partial(self._ask, port, "ping"), 10, what=f"redis-server :{port} to answer")
+        self.procs = [self._spawn(port) for port in self.ports]
         subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
                         "--cluster-replicas", "0", "--cluster-yes"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=30)
@@ -249,6 +252,28 @@ class RedisClusterServers:
 
         with redis.Redis(port=port, socket_timeout=2, decode_responses=True) as client:
             return getattr(client, command)(*args)
+
+    def owner(self, key: str) -> int:
+        """The port of the node serving `key`'s slot."""
+        import redis
+
+        for port in self.ports:
+            try:
+                self._ask(port, "exists", key)
+                return port
+            except redis.ResponseError:  # MOVED: another node serves it
+                continue
+        raise LookupError(f"no node serves {key}")
+
+    def kill(self, port: int) -> None:
+        """kill -9 one node (it had no persistence: it comes back empty)."""
+        proc = self.procs[self.ports.index(port)]
+        proc.kill()
+        proc.wait(10)
+
+    def restart(self, port: int) -> None:
+        self.procs[self.ports.index(port)] = self._spawn(port)
+        wait_until(self._ok, 30, what="the cluster to be whole again")
 
     def keys(self) -> dict[int, list[str]]:
         """Every node's keys, by port."""

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
-from tests.helpers import wait_status
+from tests.helpers import backend_create, wait_status
 from tests.procs import RedisClusterServers, Service, wait_until
 
 API = "/api/v1/exports"
@@ -95,3 +95,27 @@ def test_submit_poll_list_download_and_the_outbox_run_on_a_redis_cluster(
         assert not re.search(r"CROSSSLOT|RedisCluster|Traceback", service.log()), service.log()[-3000:]
     # the limiter's script ran on the cluster (its keys live a few microseconds under the tests' raised limits)
     assert "rate limits: Redis unreachable" not in gateway.log()
+
+
+def test_a_dead_node_answers_503_with_retry_after_and_its_restart_is_recovered_from(
+        services: Callable[..., Service], tmp_path: Path, redis_cluster: RedisClusterServers) -> None:
+    backend = services("backend_stub", backend_config(tmp_path, redis_cluster.url))
+    gateway = services("gateway", gateway_config(tmp_path, backend.url, redis_cluster.url))
+    store_node = redis_cluster.owner("{exports}")
+    task_id = httpx.post(gateway.url + API, json=BODY, headers=AUTH, timeout=10).json()["data"]["task_id"]
+    wait_status(backend.url, task_id, {"COMPLETED"}, headers=TENANT)
+
+    redis_cluster.kill(store_node)
+    direct = httpx.get(f"{backend.url}/exports/{task_id}", headers=TENANT, timeout=10)
+    assert direct.status_code == 503 and int(direct.headers["retry-after"]) >= 1, direct.text
+    # the backend answers 503: the gateway outboxes the submit, or answers 503 if the outbox's node is the dead one
+    submit = httpx.post(gateway.url + API, json=BODY, headers=AUTH | {"Idempotency-Key": "node-down"}, timeout=10)
+    assert (submit.status_code == 202 and submit.json()["data"]["degraded"]) or (
+        submit.status_code == 503 and int(submit.headers["retry-after"]) >= 1), submit.text
+    assert httpx.get(f"{backend.url}/readyz", timeout=10).status_code == 503  # its store's node, not any node
+
+    redis_cluster.restart(store_node)  # without persistence: the backend's store comes back empty
+    wait_until(lambda: httpx.get(f"{backend.url}/readyz", timeout=5).status_code == 200, 15, what="backend ready")
+    fresh = backend_create(backend.url, BODY, tenant="demo").json()["data"]["task_id"]  # its queue's group is back
+    wait_status(backend.url, fresh, {"COMPLETED"}, timeout=20, headers=TENANT)
+    assert httpx.get(f"{backend.url}/exports/{task_id}", headers=TENANT, timeout=10).status_code == 404
