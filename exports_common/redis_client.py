@@ -32,10 +32,6 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 AnyRedis: TypeAlias = "Redis | RedisCluster"
 
 
-def is_cluster(url: str) -> bool:
-    return url.partition("://")[0] in CLUSTER_SCHEMES
-
-
 def connect(url: str, *, socket_timeout: float = 0.5, decode_responses: bool = False) -> AnyRedis:
     options: dict[str, Any] = {
         "decode_responses": decode_responses, "socket_timeout": socket_timeout, "socket_connect_timeout": 0.5,
