@@ -6,6 +6,7 @@ so a mistake is reported at its exact path (routes[0].plugins[2].idempotency.ttl
 from __future__ import annotations
 
 import re
+import string
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -17,6 +18,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from starlette.routing import compile_path
 
 from exports_common import dev_mode
 from exports_common.connection_limits import ConnectionLimits, networks
@@ -26,7 +28,6 @@ from gateway.plugins import PLUGINS
 from gateway.tenants import Limits, TenantLimits
 
 HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
-_PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 
 class Strict(BaseModel):
@@ -142,12 +143,14 @@ class RouteConfig(Strict):
     def _path(cls, value: str) -> str:
         if not value.startswith("/"):
             raise ValueError("path must start with /")
+        compile_path(value)  # a duplicated {param} or an unknown {param:convertor} is refused here, not at match
         return value
 
     @field_validator("rewrite")
     @classmethod
     def _rewrite(cls, value: str | None, info: ValidationInfo) -> str | None:
-        missing = set(_PARAM.findall(value or "")) - set(_PARAM.findall(info.data.get("path", "")))
+        used = {field for _, field, _, _ in string.Formatter().parse(value or "") if field is not None}
+        missing = used - set(compile_path(info.data.get("path", "/"))[2])
         if missing:
             raise ValueError(f"rewrite uses {sorted(missing)}, which the path does not define")
         return value
