@@ -224,7 +224,8 @@ class GatewayConfig(Strict):
     metrics_auth: Literal["none", "admin_token"] = Field(
         "none", description="admin_token: /metrics wants the admin token like /admin/*")
     state_dir: str = ".data/gateway"
-    redis_url: str = Field("", description="empty: memory and a local file; set: state shared through Redis")
+    redis_url: str = Field("", description="empty: memory and a local file; set: state shared through Redis "
+                           "(redis://HOST:PORT/DB, or redis+cluster://HOST:PORT for a Redis Cluster)")
     redis_prefix: str = "gw"
     admin_token: str = Field(min_length=8)
     download_signing: SigningConfig

@@ -4,9 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis.asyncio as aioredis
-
-from exports_common.redis_client import connect
+from exports_common.redis_client import AnyRedis, connect
 from exports_common.signing import DownloadSigner
 from gateway.breakers import Breakers
 from gateway.forwarding import TrustedProxies
@@ -38,15 +36,15 @@ class StateStores:
     idempotency: KeyValue
     last_seen: KeyValue
     outbox: OutboxStore
-    redis: aioredis.Redis | None = None  # for readiness: None when nothing is shared
+    redis: AnyRedis | None = None  # for readiness: None when nothing is shared
 
 
-def open_redis(url: str) -> aioredis.Redis | None:
+def open_redis(url: str) -> AnyRedis | None:
     """The gateway's client: bounded waits, one retry on a fresh connection (see connect)."""
     return connect(url) if url else None
 
 
-def open_state(redis: aioredis.Redis | None, prefix: str, state_dir: str) -> StateStores:
+def open_state(redis: AnyRedis | None, prefix: str, state_dir: str) -> StateStores:
     """Redis when configured; else memory for what may be lost, a local file for what may not."""
     if redis is not None:
         return StateStores(RedisKV(redis, f"{prefix}:cache:"), RedisKV(redis, f"{prefix}:idem:"),

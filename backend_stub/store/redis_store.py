@@ -16,6 +16,7 @@ every tenant's place in line in one atomic step), so on Redis Cluster they must 
 backend's whole store is then one slot (one shard's worth of load), which keeps each state change
 atomic; spreading it needs per-shard queues. The scripts build each tenant's list key from the
 prefix they are given (as BullMQ does): it starts with the same tag, so it is in the same slot.
+Nothing here scans the key space: the metrics read the tenants from an index kept with the tasks.
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class RedisTaskStore:
         self._fair_args = (fairness or Fairness()).script_args()
         self._claim = self.redis.register_script(lua.CLAIM)
         self._renew = self.redis.register_script(lua.RENEW)
+        self.tenants = f"{self.prefix}:tenants"  # every tenant that ever had a task here: a few per customer
 
     def _task_key(self, task_id: str) -> str:
         return f"{self.prefix}:task:{task_id}"
@@ -67,9 +69,9 @@ class RedisTaskStore:
     async def _track_active(self, before: Task | None, after: Task) -> None:
         """Keep the tenant's set of active task ids in step with a task's change.
 
-        A separate command after the task's own transaction: the set lives in the tenant's
-        hash slot, the task in its own. A process killed in between leaves one id wrong
-        until the task's next change or its deletion by the janitor.
+        A separate command after the task's own transaction (the set is in the store's slot,
+        its `{tenant}` is not a hash tag, so it could join it). A process killed in between
+        leaves one id wrong until the task's next change or its deletion by the janitor.
         """
         was_active = before is not None and not before.terminal
         if after.terminal and was_active:
@@ -111,6 +113,7 @@ class RedisTaskStore:
                     pipe.multi()
                     self._stage_write(pipe, task)
                     pipe.zadd(self._tenant_key(task.tenant), {task.task_id: task.created_at})
+                    pipe.sadd(self.tenants, task.tenant)
                     self._stage_enqueue(pipe, task)
                     await pipe.execute()
                     await self._track_active(None, task)
@@ -234,9 +237,8 @@ class RedisTaskStore:
         """Read from the tenant indexes and the records: a scrape's cost grows with the tasks kept."""
         counts: dict[tuple[str, str], int] = {}
         oldest: dict[str, float] = {}
-        async for key in self.redis.scan_iter(match=self._tenant_key("*"), count=500):
-            tenant = key[len(self._tenant_key("")):]
-            ids = await self.redis.zrange(key, 0, -1)
+        for tenant in cast("set[str]", await self.redis.smembers(self.tenants)):
+            ids = await self.redis.zrange(self._tenant_key(tenant), 0, -1)
             for start in range(0, len(ids), 500):
                 for raw in await self.redis.mget([self._task_key(str(t)) for t in ids[start:start + 500]]):
                     if raw is None:
@@ -248,4 +250,7 @@ class RedisTaskStore:
         return counts, oldest
 
     async def ping(self) -> bool:
-        return bool(await self.redis.ping())
+        # a read in the store's slot: on a Redis Cluster it reaches the node holding the store, where a
+        # PING would go to any node and call the backend ready while its store is gone
+        await self.redis.exists(self.queue.ready)
+        return True
