@@ -1,0 +1,146 @@
+"""The gateway's long-lived wiring: the services built at start, the Runtime in force, reload and its triggers.
+
+`RuntimeHolder` is the one place that knows which Runtime serves: dispatch and the
+operations endpoints read it, reload swaps it whole.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import signal
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from exports_common import dev_mode, otel, periodic
+from exports_common.config_loader import ConfigError, load_model
+from exports_common.signing import DownloadSigner
+from gateway import config_watch, telemetry
+from gateway.breakers import Breakers
+from gateway.config import GatewayConfig
+from gateway.limiter import Limiter
+from gateway.plugins import PLUGINS
+from gateway.runtime import Runtime, build_runtime, upstreams_of
+from gateway.services import Services, State, open_redis
+from gateway.tenants import TenantDirectory
+from gateway.upstream import AiohttpUpstream
+
+log = logging.getLogger("gateway")
+
+
+@dataclass(frozen=True)
+class Reload:
+    """A reload's outcome: why it was refused, or which changed settings wait for a restart."""
+
+    problems: list[str]
+    restart_required: list[str] = field(default_factory=list)
+
+
+class RuntimeHolder:
+    """The Runtime in force, and how a new config replaces it."""
+
+    def __init__(self, config: GatewayConfig, config_path: str | None) -> None:
+        self.initial_config = config
+        self.config_path = config_path
+        self._runtime: Runtime | None = None
+        self.config_hash = ""
+        # the file as it was at start (without --host/--port): what restart-only settings are compared with
+        self._started_file = self._load() or config
+
+    def _load(self) -> GatewayConfig | None:
+        try:
+            return load_model(self.config_path, GatewayConfig) if self.config_path else None
+        except ConfigError:
+            return None
+
+    @property
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            raise RuntimeError("the gateway has not started")
+        return self._runtime
+
+    def apply(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self.config_hash = hashlib.sha256(runtime.config.model_dump_json().encode()).hexdigest()[:16]
+        runtime.services.metrics.seed([(r.name, r.upstream) for r in runtime.config.routes])
+
+    async def watch_config(self) -> None:
+        if self.config_path:
+            async for _ in config_watch.changes(self.config_path):
+                await self.reload()
+
+    async def reload(self) -> Reload:
+        """Load the config file again; a config that does not validate is refused and the old one kept."""
+        if not self.config_path:
+            return Reload(["the gateway was started without a config file"])
+        try:
+            config = load_model(self.config_path, GatewayConfig)
+        except ConfigError as exc:
+            log.error("config reload refused; the config in force keeps serving", extra={"problems": exc.problems})
+            self.runtime.services.metrics.config_reloads.add("refused")
+            return Reload(exc.problems)
+        unsafe = [] if dev_mode.dev_mode() else config.unsafe_defaults()
+        if unsafe:
+            self.runtime.services.metrics.config_reloads.add("refused")
+            log.error("config reload refused outside dev mode; the config in force keeps serving",
+                      extra={"problems": unsafe})
+            return Reload(unsafe)
+        restart = config.restart_required(self._started_file)
+        if config == self.runtime.config:  # the watcher and a SIGHUP or /admin/reload may both see one edit
+            return Reload([], restart)
+        self.apply(build_runtime(config, self.runtime.services))
+        self.runtime.services.metrics.config_reloads.add("applied")
+        log.info("config reloaded", extra={"routes": len(config.routes), "config_hash": self.config_hash})
+        if restart:
+            log.warning("config reloaded, but these settings keep their value from the start until a restart",
+                        extra={"restart_required": restart})
+        return Reload([], restart)
+
+    def observe(self, services: Services) -> None:
+        """The gauges read at scrape time: the gateway's own, then each plugin's."""
+        services.metrics.observe_gauge("gateway_config_info", "the config in force: its hash (1 while it serves)",
+                                       lambda: [(1.0, {"hash": self.config_hash})])
+        for plugin in PLUGINS.values():
+            plugin.observe(services)
+
+
+def open_services(config: GatewayConfig) -> Services:
+    """The long-lived parts every Runtime shares: the upstream client, stores, metrics, tracing."""
+    metrics, tracing = telemetry.setup("gateway", config.tracing)
+    redis = open_redis(config.redis_url)
+    pool = max(u.pool_size for u in config.upstreams.values())
+    return Services(
+        client=AiohttpUpstream(pool), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
+        signer=DownloadSigner(config.download_signing.secrets, config.download_signing.max_link_ttl_sec),
+        upstreams=upstreams_of(config, metrics),
+        state=State(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
+        limiter=Limiter(redis, config.redis_prefix),
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(holder: RuntimeHolder) -> AsyncIterator[None]:
+    """From start to shutdown: services open, the first Runtime in force, reload triggers armed."""
+    services = open_services(holder.initial_config)
+    holder.observe(services)
+    holder.apply(build_runtime(holder.initial_config, services))
+    # the plugins' background work (the outbox's drainer) runs on whatever services are in force
+    background = [work for plugin in PLUGINS.values() for work in plugin.background(lambda: holder.runtime.services)]
+    reloads: set[asyncio.Task[Reload]] = set()  # held until done: the loop keeps tasks weakly
+
+    def on_sighup() -> None:
+        reloads.add(reload := asyncio.create_task(holder.reload()))
+        reload.add_done_callback(reloads.discard)
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_sighup)
+    try:
+        async with periodic.running(holder.watch_config(), *background):
+            yield
+    finally:
+        await services.client.close()
+        otel.shutdown()
+        if services.state.redis is not None:
+            await services.state.redis.aclose()
+
