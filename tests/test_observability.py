@@ -80,6 +80,8 @@ def test_a_task_is_one_trace_from_client_to_callback(services: Callable[..., Ser
     export = _child(spans, backend_server, "export report_export", "export-backend")
     assert export.attributes["export.attempt"] == 1 and export.attributes["export.status"] == "COMPLETED"
     assert export.attributes["export.rows"] > 0 and export.attributes["export.task_id"] == task_id
+    steps = [e[1]["export.step"] for e in export.events if e[0] == "step"]  # as progress reports find them
+    assert steps[0] == "query" and steps == sorted(steps, key=["query", "render", "store"].index), steps
     callback = _child(spans, backend_server, "callback", "export-backend")
     assert callback.attributes["callback.seq"] == 1 and callback.attributes["callback.try"] == 1
 
@@ -276,6 +278,11 @@ def test_a_rerun_and_an_outbox_delivery_link_back_and_log_no_traceback(services:
 
         spans = wait_until(delivered, 15, what="the outbox delivery's spans")
     server = next(s for s in spans if s.service == "gateway" and s.name == f"POST {API}")
+    refused = sorted((s for s in spans if s.parent_id == server.span_id and s.name == "upstream exports"),
+                     key=lambda s: s.attributes["gateway.attempt"])  # the submit's tries while the backend was down
+    assert [(s.attributes["gateway.attempt"], s.attributes.get("gateway.retry.reason")) for s in refused] == [
+        (1, None), (2, "connect_error"), (3, "connect_error")]
+    assert all(s.attributes["gateway.breaker.state"] == "closed" for s in refused)
     tries = [s for s in spans if s.name == "outbox delivery exports"]  # the ones before the backend was back failed
     assert tries and all(s.parent_id == server.span_id and s.links == [outboxed] for s in tries)
     assert {s.attributes["export.task_id"] for s in tries} == {queued.json()["data"]["task_id"]}
