@@ -90,13 +90,13 @@ def sampler(config: TracingConfig) -> Sampler:
     return ParentBased(root) if config.sampler.startswith("parentbased") else root
 
 
-def new_trace_sampled(config: TracingConfig, trace_id: int) -> bool:
-    """What the sampler decides for a new trace with this id (the same rule as TraceIdRatioBased)."""
+def new_trace_bound(config: TracingConfig) -> int:
+    """A new trace is recorded when its id's low 64 bits are under this bound (TraceIdRatioBased's rule)."""
     if config.exporter == "none" or config.sampler.endswith("always_off"):
-        return False
+        return 0
     if config.sampler.endswith("always_on"):
-        return True
-    return trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < TraceIdRatioBased.get_bound_for_rate(config.sample_ratio)
+        return TraceIdRatioBased.TRACE_ID_LIMIT + 1
+    return int(TraceIdRatioBased.get_bound_for_rate(config.sample_ratio))
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import AttributeValue
@@ -36,6 +37,7 @@ from exports_common.otel import TracingConfig
 
 _SAMPLED, _NOT_SAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
 _UNSET = Status(StatusCode.UNSET)
+_LOW_64 = TraceIdRatioBased.TRACE_ID_LIMIT  # the bits of a trace id the ratio decides on
 
 
 class SpanLike(Protocol):
@@ -106,6 +108,8 @@ class Tracing:
         self.processor = installed.processor
         self.resource = installed.provider.resource
         self.scope = InstrumentationScope("gateway")
+        # worked out once: deciding costs an unsampled request one comparison
+        self.bound = otel.new_trace_bound(config) if self.processor is not None else 0
 
     def _client_context(self, headers: Mapping[str, str], client: tuple[str, int] | None) -> SpanContext | None:
         parent = _remote(headers)
@@ -113,9 +117,8 @@ class Tracing:
             return None
         if self.config.sampler.startswith("parentbased") and self.config.trusts(client[0] if client else None):
             return parent
-        sampled = otel.new_trace_sampled(self.config, parent.trace_id)
         return SpanContext(parent.trace_id, parent.span_id, is_remote=True, trace_state=parent.trace_state,
-                           trace_flags=_SAMPLED if sampled else _NOT_SAMPLED)
+                           trace_flags=_SAMPLED if parent.trace_id & _LOW_64 < self.bound else _NOT_SAMPLED)
 
     @contextlib.contextmanager
     def server(self, name: str, headers: Mapping[str, str], attributes: dict[str, Any],
@@ -124,7 +127,7 @@ class Tracing:
         recorded: _Span | None = None
         if parent is None:
             trace_id = random.getrandbits(128) or 1
-            if self.processor is not None and otel.new_trace_sampled(self.config, trace_id):
+            if trace_id & _LOW_64 < self.bound:
                 recorded = self._start(name, SpanKind.SERVER, None, attributes, trace_id)
             current: tuple[int, int] | SpanContext | _Span = recorded or (trace_id, random.getrandbits(64) or 1)
         elif self.processor is not None and parent.trace_flags.sampled:
