@@ -99,6 +99,11 @@ def main() -> None:
         config = gateway_config(procs.workdir / "measured", backend.url, log_level="warning")
         config["tracing"] = ({"exporter": "otlp", "endpoint": collector.url} if args.tracing == "otlp"
                              else {"exporter": "none"})
+        for route in config["routes"]:
+            # callgrind's pace makes a run last 10-60 s, as the load has it: with the 5 s TTL some hits were
+            # misses (a million instructions each), which moved a run's figure by up to 4%
+            route["plugins"] = [{"status_cache": {"ttl_sec": 3600}} if isinstance(p, dict) and "status_cache" in p
+                                else p for p in route["plugins"]]
         import yaml
 
         measured = procs.workdir / "measured.yaml"
