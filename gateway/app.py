@@ -15,7 +15,6 @@ import re
 import signal
 import socket
 import time
-from pathlib import Path
 from typing import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -31,9 +30,10 @@ from exports_common.config_loader import ConfigError, load_model
 from exports_common.envelope import exception_handlers, ok
 from exports_common.errors import ApiError, ErrorKind, unavailable
 from exports_common.jsonlog import request_id_var, task_id_var, trace_id_var
+from exports_common.periodic import running
 from exports_common.redis_client import store_unavailable
 from exports_common.signing import DownloadSigner
-from gateway import access_log, openapi, telemetry
+from gateway import access_log, config_watch, openapi, telemetry
 from gateway.admin_recovery import AdminRecovery
 from gateway.breakers import STATES, Breakers
 from gateway.config import GatewayConfig, RouteConfig, plugin_of
@@ -75,7 +75,6 @@ class Gateway:
         self.config_path = config_path
         self._runtime: Runtime | None = None
         self.config_hash = ""
-        self._config_mtime = self._mtime()
         self.export_types = openapi.ExportTypesSource()
         self.ops_app = Starlette(routes=self.ops_routes(), lifespan=self.lifespan,
                                  exception_handlers=exception_handlers())
@@ -87,12 +86,6 @@ class Gateway:
         if self._runtime is None:
             raise RuntimeError("the gateway has not started")
         return self._runtime
-
-    def _mtime(self) -> float | None:
-        try:
-            return Path(self.config_path).stat().st_mtime if self.config_path else None
-        except OSError:
-            return None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -111,30 +104,30 @@ class Gateway:
         )
         self._observe(services)
         self._apply(build_runtime(config, services))
-        watcher = asyncio.create_task(self._watch_config())
-        drainer = asyncio.create_task(OutboxDrainer(lambda: self.runtime.services).run())
+        reloads: set[asyncio.Task[list[str]]] = set()  # held until done: the loop keeps tasks weakly
+
+        def on_sighup() -> None:
+            reloads.add(reload := asyncio.create_task(self.reload()))
+            reload.add_done_callback(reloads.discard)
+
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_sighup)
         try:
-            yield
+            async with running(self._watch_config(), OutboxDrainer(lambda: self.runtime.services).run()):
+                yield
         finally:
-            watcher.cancel()
-            drainer.cancel()
             await services.client.close()
             otel.shutdown()
             if redis is not None:
                 await redis.aclose()
 
     async def _watch_config(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            mtime = self._mtime()
-            if mtime is not None and mtime != self._config_mtime:
+        if self.config_path:
+            async for _ in config_watch.changes(self.config_path):
                 await self.reload()
 
     async def reload(self) -> list[str]:
         """Load the config file again; a config that does not validate is refused and the old one kept."""
-        self._config_mtime = self._mtime()
         if not self.config_path:
             return ["the gateway was started without a config file"]
         try:
@@ -149,6 +142,8 @@ class Gateway:
             log.error("config reload refused outside dev mode; the config in force keeps serving",
                       extra={"problems": unsafe})
             return unsafe
+        if config == self.runtime.config:  # the watcher and a SIGHUP or /admin/reload may both see one edit
+            return []
         self._apply(build_runtime(config, self.runtime.services))
         self.runtime.services.metrics.config_reloads.add("applied")
         log.info("config reloaded", extra={"routes": len(config.routes), "config_hash": self.config_hash})
@@ -285,8 +280,10 @@ class Gateway:
                            headers={"Retry-After": "5"})
         return ok({"status": "ready", "routes": len(self.runtime.config.routes)})
 
-    async def openapi(self, request: Request) -> Response:
-        await check_address(self.runtime.services, request.scope)
+    async def openapi(self, request: Request) -> Response | GatewayResponse:
+        refused = await check_address(self.runtime.services, request.scope)
+        if refused is not None:
+            return refused
         types = await self.export_types.get(self.runtime)
         return Response(json.dumps(openapi.build(self.runtime.config, types)), media_type="application/json")
 

@@ -6,6 +6,7 @@ so a mistake is reported at its exact path (routes[0].plugins[2].idempotency.ttl
 from __future__ import annotations
 
 import re
+import string
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -17,16 +18,17 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from starlette.routing import compile_path
 
 from exports_common import dev_mode
 from exports_common.connection_limits import ConnectionLimits, networks
 from exports_common.otel import TracingConfig
 from gateway.limiter import Quota
 from gateway.plugins import PLUGINS
+from gateway.refusal_hold import HoldSettings
 from gateway.tenants import Limits, TenantLimits
 
 HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
-_PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 
 class Strict(BaseModel):
@@ -142,12 +144,14 @@ class RouteConfig(Strict):
     def _path(cls, value: str) -> str:
         if not value.startswith("/"):
             raise ValueError("path must start with /")
+        compile_path(value)  # a duplicated {param} or an unknown {param:convertor} is refused here, not at match
         return value
 
     @field_validator("rewrite")
     @classmethod
     def _rewrite(cls, value: str | None, info: ValidationInfo) -> str | None:
-        missing = set(_PARAM.findall(value or "")) - set(_PARAM.findall(info.data.get("path", "")))
+        used = {field for _, field, _, _ in string.Formatter().parse(value or "") if field is not None}
+        missing = used - set(compile_path(info.data.get("path", "/"))[2])
         if missing:
             raise ValueError(f"rewrite uses {sorted(missing)}, which the path does not define")
         return value
@@ -220,7 +224,8 @@ class GatewayConfig(Strict):
     metrics_auth: Literal["none", "admin_token"] = Field(
         "none", description="admin_token: /metrics wants the admin token like /admin/*")
     state_dir: str = ".data/gateway"
-    redis_url: str = Field("", description="empty: memory and a local file; set: state shared through Redis")
+    redis_url: str = Field("", description="empty: memory and a local file; set: state shared through Redis "
+                           "(redis://HOST:PORT/DB, or redis+cluster://HOST:PORT for a Redis Cluster)")
     redis_prefix: str = "gw"
     admin_token: str = Field(min_length=8)
     download_signing: SigningConfig
@@ -231,6 +236,8 @@ class GatewayConfig(Strict):
                                       description="requests without a valid API key, per client address")
     gateway_processes: int = Field(1, ge=1, description="gateway processes sharing the limits; with Redis "
                                                         "unreachable each enforces limit / this locally")
+    refusal_hold: HoldSettings = Field(default_factory=HoldSettings,
+                                       description="a flood's 429s are answered later (gateway/refusal_hold.py)")
     upstreams: dict[str, UpstreamConfig]
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     access_log: bool = Field(False, description="one JSON line per request (logger gateway.access)")
@@ -268,7 +275,7 @@ class GatewayConfig(Strict):
                 max_active_tasks=over.max_active_tasks or base.max_active_tasks,
                 max_outbox_entries=over.max_outbox_entries or base.max_outbox_entries,
             )
-        return Limits(by_tenant, self.address_limit.quota(), self.gateway_processes)
+        return Limits(by_tenant, self.address_limit.quota(), self.gateway_processes, self.refusal_hold)
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

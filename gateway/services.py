@@ -4,15 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis.asyncio as aioredis
-
-from exports_common.redis_client import connect
+from exports_common.redis_client import AnyRedis, connect
 from exports_common.signing import DownloadSigner
 from gateway.breakers import Breakers
 from gateway.forwarding import TrustedProxies
 from gateway.kv import KeyValue, MemoryKV, RedisKV, SqliteKV
 from gateway.limiter import Limiter
 from gateway.outbox_store import OutboxStore, RedisOutbox, SqliteOutbox
+from gateway.refusal_hold import RefusalHold
 from gateway.retry_budget import RetryBudgets
 from gateway.telemetry import Metrics, Tracing
 from gateway.tenants import TenantDirectory
@@ -37,15 +36,15 @@ class StateStores:
     idempotency: KeyValue
     last_seen: KeyValue
     outbox: OutboxStore
-    redis: aioredis.Redis | None = None  # for readiness: None when nothing is shared
+    redis: AnyRedis | None = None  # for readiness: None when nothing is shared
 
 
-def open_redis(url: str) -> aioredis.Redis | None:
+def open_redis(url: str) -> AnyRedis | None:
     """The gateway's client: bounded waits, one retry on a fresh connection (see connect)."""
     return connect(url) if url else None
 
 
-def open_state(redis: aioredis.Redis | None, prefix: str, state_dir: str) -> StateStores:
+def open_state(redis: AnyRedis | None, prefix: str, state_dir: str) -> StateStores:
     """Redis when configured; else memory for what may be lost, a local file for what may not."""
     if redis is not None:
         return StateStores(RedisKV(redis, f"{prefix}:cache:"), RedisKV(redis, f"{prefix}:idem:"),
@@ -65,6 +64,7 @@ class Services:
     state: StateStores
     breakers: Breakers
     limiter: Limiter
+    refusal_hold: RefusalHold = field(default_factory=RefusalHold)
     retry_budgets: RetryBudgets = field(default_factory=RetryBudgets)
     public_base_url: str = ""
     trusted_proxies: TrustedProxies = field(default_factory=TrustedProxies)

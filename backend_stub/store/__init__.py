@@ -1,18 +1,34 @@
 """Task state and the work queue, behind one interface with two implementations."""
 from __future__ import annotations
 
+import sqlite3
+
+from redis.exceptions import RedisError
+
 from backend_stub.config import BackendConfig
 from backend_stub.store.base import Change, Lease, TaskStore
+from backend_stub.store.fair import Fairness
+
+
+def store_down(waiting: str) -> dict[type[Exception], str]:
+    """A background loop's expected store failures, each with what waits and what to check."""
+    return {
+        RedisError: f"the task store (Redis) does not answer; {waiting} until it does: check that Redis runs "
+                    "at redis_url",
+        sqlite3.Error: f"the task store (SQLite) failed; {waiting} until it works: check data_dir's disk",
+        OSError: f"the task store cannot be reached; {waiting} until it can",
+    }
 
 
 def open_store(config: BackendConfig) -> TaskStore:
+    fairness = Fairness(config.scheduler)
     if config.redis_url:
         from backend_stub.store.redis_store import RedisTaskStore
 
-        return RedisTaskStore(config.redis_url, config.redis_prefix)
+        return RedisTaskStore(config.redis_url, config.redis_prefix, fairness)
     from backend_stub.store.sqlite_store import SqliteTaskStore
 
-    return SqliteTaskStore(config.data_dir)
+    return SqliteTaskStore(config.data_dir, fairness)
 
 
-__all__ = ["Change", "Lease", "TaskStore", "open_store"]
+__all__ = ["Change", "Lease", "TaskStore", "open_store", "store_down"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from backend_stub.models import Task
+from exports_common.contract import DeliveryState
 
 # Returns the new record, or None to leave the task as it is.
 Change = Callable[[Task], "Task | None"]
@@ -24,6 +25,7 @@ class Lease:
     entry_id: str
     task_id: str
     lease_sec: float
+    owner: str  # the consumer that claimed it: only its holder may ack it
 
 
 class TaskStore(Protocol):
@@ -51,12 +53,14 @@ class TaskStore(Protocol):
         self, tenant: str, status: str | None, limit: int, cursor: str | None
     ) -> tuple[list[Task], str | None]: ...
 
-    async def claim(self, consumer: str, lease_sec: float, wait_sec: float) -> Lease | None: ...
+    async def claim(self, consumer: str, lease_sec: float, wait_sec: float) -> Lease | None:
+        """The next task in fair turn (backend_stub.store.fair), leased to `consumer`; None after `wait_sec`."""
 
     async def renew(self, lease: Lease, consumer: str) -> None:
         """Extend the lease by its length from now."""
 
-    async def ack(self, lease: Lease) -> None: ...
+    async def ack(self, lease: Lease) -> None:
+        """Remove the entry, if `lease.owner` still holds it; its tenant has one running task fewer."""
 
     async def expired(self, now: float, limit: int) -> list[str]: ...
 
@@ -73,7 +77,7 @@ class TaskStore(Protocol):
 
 def callback_due(task: Task) -> float | None:
     cb = task.callback
-    return cb.get("next_at") if cb is not None and cb.get("state") == "PENDING" else None
+    return cb.get("next_at") if cb is not None and cb.get("state") == DeliveryState.PENDING else None
 
 
 def encode_cursor(created_at: float, task_id: str) -> str:

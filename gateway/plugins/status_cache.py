@@ -13,18 +13,17 @@ from typing import ClassVar
 
 from pydantic import Field
 
+from exports_common.contract import TERMINAL, Status
 from exports_common.timefmt import parse_rfc3339
 from gateway.context import Handler, RequestContext
 from gateway.plugins.base import Settings
 from gateway.response import GatewayResponse, freeze, thaw
 from gateway.services import Services
 
-TERMINAL = ["COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"]
-
 
 class StatusCacheSettings(Settings):
     ttl_sec: float = Field(5.0, gt=0, le=3600)
-    terminal_statuses: list[str] = Field(default_factory=lambda: list(TERMINAL))
+    terminal_statuses: list[Status] = Field(default_factory=lambda: sorted(TERMINAL))
     param: str = "task_id"
     poll_initial_sec: int = Field(1, ge=1)
     poll_max_sec: int = Field(30, ge=1)
