@@ -35,7 +35,7 @@ _last_step: ContextVar[str | None] = ContextVar("export_step", default=None)
 def setup(config: TracingConfig) -> None:
     resolved = otel.from_environment(config)
     if resolved.exporter != "none":
-        _Tracer.current = otel.install("backend", resolved)
+        _Tracer.current = otel.install("backend", resolved).provider.get_tracer("backend")
 
 
 def _context_of(traceparent: str | None) -> context.Context | None:

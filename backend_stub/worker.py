@@ -146,6 +146,7 @@ class Workers:
             publish=self._publisher(object_key(task.task_id, task.format)),
             fail_transiently=self._should_fail(task),
         )
+        tracing.step(job.step)  # the first step, which a quick export may leave before its first progress report
         future = asyncio.get_running_loop().run_in_executor(self.executor, job.run)
         held = Held(lease)
         try:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+from dataclasses import dataclass
 from typing import Literal, Mapping
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
@@ -89,41 +90,63 @@ def sampler(config: TracingConfig) -> Sampler:
     return ParentBased(root) if config.sampler.startswith("parentbased") else root
 
 
-def new_trace_sampled(config: TracingConfig, trace_id: int) -> bool:
-    """What the sampler decides for a new trace with this id (the same rule as TraceIdRatioBased)."""
+def new_trace_bound(config: TracingConfig) -> int:
+    """A new trace is recorded when its id's low 64 bits are under this bound (TraceIdRatioBased's rule)."""
     if config.exporter == "none" or config.sampler.endswith("always_off"):
-        return False
+        return 0
     if config.sampler.endswith("always_on"):
-        return True
-    return trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < TraceIdRatioBased.get_bound_for_rate(config.sample_ratio)
+        return TraceIdRatioBased.TRACE_ID_LIMIT + 1
+    return int(TraceIdRatioBased.get_bound_for_rate(config.sample_ratio))
 
 
-_providers: dict[str, TracerProvider] = {}  # the one provider, once installed
+class _Resource(Resource):
+    """A resource whose hash is worked out once.
 
-
-def install(default_service: str, config: TracingConfig, presampled: bool = False) -> trace.Tracer:
-    """The process's tracer provider, installed once (OpenTelemetry allows one per process).
-
-    `presampled`: the caller applies the ratio to new traces itself, before making a span.
+    The OTLP encoder hashes every span's resource (a JSON dump of its attributes) to
+    group the spans of a batch: a fifth of what exporting a span cost. A process's
+    resource never changes.
     """
-    if "installed" not in _providers:
-        resource = Resource.create({"service.name": config.service_name or default_service})
-        chosen = ParentBased(ALWAYS_ON) if presampled else sampler(config)
-        provider = TracerProvider(resource=resource, sampler=chosen if config.exporter != "none" else ALWAYS_OFF)
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+@dataclass(frozen=True)
+class Installed:
+    provider: TracerProvider
+    processor: SpanProcessor | None  # where ended spans go; None when nothing is exported
+
+
+_installed: dict[str, Installed] = {}  # the one provider, once installed
+
+
+def install(default_service: str, config: TracingConfig) -> Installed:
+    """The process's tracer provider and its span processor, installed once (OpenTelemetry allows one per process)."""
+    if "installed" not in _installed:
+        resource = _Resource(Resource.create({"service.name": config.service_name or default_service}))
+        chosen = sampler(config) if config.exporter != "none" else ALWAYS_OFF
+        provider = TracerProvider(resource=resource, sampler=chosen)
+        processor: SpanProcessor | None = None
         if config.exporter == "console":
-            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+            processor = SimpleSpanProcessor(ConsoleSpanExporter())
         elif config.exporter == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             endpoint = config.endpoint.rstrip("/") + "/v1/traces"
             # batched as OTEL_BSP_SCHEDULE_DELAY and OTEL_BSP_MAX_EXPORT_BATCH_SIZE say (5 s, 512 spans)
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+            processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
+        if processor is not None:
+            provider.add_span_processor(processor)
         trace.set_tracer_provider(provider)
-        _providers["installed"] = provider
-    return _providers["installed"].get_tracer(default_service)
+        _installed["installed"] = Installed(provider, processor)
+    return _installed["installed"]
 
 
 def shutdown() -> None:
     """Send the spans still queued (a process that stops otherwise loses its last second of them)."""
-    for provider in _providers.values():
-        provider.force_flush(5000)
+    for installed in _installed.values():
+        installed.provider.force_flush(5000)

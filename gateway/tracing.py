@@ -1,10 +1,16 @@
-"""The gateway's spans: a server span per sampled request, a client span per upstream try.
+"""The gateway's spans: a server span per sampled request, a client span per upstream try or outbox delivery.
 
-A request that will not be recorded costs no more than with tracing off: no SDK
-span and no OpenTelemetry context are built for it. A new trace gets fresh ids in
-a context variable, made into a `traceparent` only if a call leaves the gateway
-(`inject`); a cache hit never builds one. Only a sampled request gets SDK spans,
-so exporting at the default ratio adds work to one request in twenty.
+A request that will not be recorded costs no more than with tracing off: no span
+and no OpenTelemetry context are built for it. A new trace gets fresh ids in a
+context variable, made into a `traceparent` only if a call leaves the gateway
+(`inject`); a cache hit never builds one.
+
+A sampled request's spans are handed, as the SDK's `ReadableSpan`, straight to the
+span processor when they end (batched and exported as OTEL_BSP_* say). The SDK
+tracer's per-span machinery (sampler call, locks, bounded attribute maps, context
+attach and detach) made a sampled cache hit cost three times the hit itself, and
+the gateway needs none of it: the sampling is decided here before any span exists,
+its spans carry a few known attributes, and nothing else reads its current span.
 
 A client's sampled flag is obeyed only from a trusted proxy (or with the
 `parentbased_always_on` sampler): anyone else keeps their trace id, and the ratio
@@ -14,97 +20,187 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
-from opentelemetry import context, propagate, trace
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util.types import AttributeValue
 
 from exports_common import otel
 from exports_common.otel import TracingConfig
 
-# a request whose trace is not recorded: its (trace id, span id), made into a traceparent
-# only when a call leaves the gateway
-_fresh_ids: ContextVar[tuple[int, int] | None] = ContextVar("fresh_trace_ids", default=None)
+_SAMPLED, _NOT_SAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
+_UNSET = Status(StatusCode.UNSET)
+_LOW_64 = TraceIdRatioBased.TRACE_ID_LIMIT  # the bits of a trace id the ratio decides on
+
+
+class SpanLike(Protocol):
+    """What call sites do with a span; `trace.INVALID_SPAN` when nothing records."""
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None: ...
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class _Span:
+    """A span being recorded; it becomes a ReadableSpan when it ends."""
+
+    name: str
+    kind: SpanKind
+    context: SpanContext
+    parent: SpanContext | None
+    attributes: dict[str, Any]
+    links: tuple[Link, ...] = ()
+    start: int = field(default_factory=time.time_ns)
+    status: Status = _UNSET
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        self.attributes[key] = value
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        self.status = status if isinstance(status, Status) else Status(status, description)
+
+
+# the trace the current request is in: fresh (trace id, span id) of an unrecorded new trace (no object
+# built for it), a caller's unrecorded context passed on as it came, or the span being recorded
+_current: ContextVar[tuple[int, int] | SpanContext | _Span | None] = ContextVar("gateway_trace", default=None)
 
 
 @dataclass(frozen=True)
 class ServerTrace:
     trace_id: str  # 32 hex digits, for the logs
-    span: trace.Span  # INVALID_SPAN when nothing records: setting attributes on it does nothing
+    span: SpanLike
 
 
 def inject(carrier: dict[str, str]) -> None:
     """W3C trace headers for a call out of the gateway, whichever way the request is traced."""
-    if (ids := _fresh_ids.get()) is not None:
-        carrier["traceparent"] = f"00-{ids[0]:032x}-{ids[1]:016x}-00"
+    current = _current.get()
+    if current is None:
         return
-    propagate.inject(carrier)
+    if isinstance(current, tuple):
+        carrier["traceparent"] = f"00-{current[0]:032x}-{current[1]:016x}-00"
+        return
+    span_context = current.context if isinstance(current, _Span) else current
+    carrier["traceparent"] = (f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
+                              f"{span_context.trace_flags:02x}")
+    if span_context.trace_state:
+        carrier["tracestate"] = span_context.trace_state.to_header()
+
+
+def _remote(headers: Mapping[str, str]) -> SpanContext | None:
+    """The span context a `traceparent` header names, if it is well formed."""
+    if "traceparent" not in headers:
+        return None
+    found = trace.get_current_span(propagate.extract(headers)).get_span_context()
+    return found if found.is_valid else None
 
 
 class Tracing:
-    def __init__(self, tracer: trace.Tracer, config: TracingConfig) -> None:
-        self.tracer = tracer
+    def __init__(self, installed: otel.Installed, config: TracingConfig) -> None:
         self.config = config
-        self.recording = config.exporter != "none"
+        self.processor = installed.processor
+        self.resource = installed.provider.resource
+        self.scope = InstrumentationScope("gateway")
+        # worked out once: deciding costs an unsampled request one comparison
+        self.bound = otel.new_trace_bound(config) if self.processor is not None else 0
 
     def _client_context(self, headers: Mapping[str, str], client: tuple[str, int] | None) -> SpanContext | None:
-        if "traceparent" not in headers:
+        parent = _remote(headers)
+        if parent is None:
             return None
-        parent = trace.get_current_span(propagate.extract(headers)).get_span_context()
-        if not parent.is_valid:
-            return None
-        if self.config.trusts(client[0] if client else None):
+        if self.config.sampler.startswith("parentbased") and self.config.trusts(client[0] if client else None):
             return parent
-        sampled = otel.new_trace_sampled(self.config, parent.trace_id)
         return SpanContext(parent.trace_id, parent.span_id, is_remote=True, trace_state=parent.trace_state,
-                           trace_flags=TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT))
+                           trace_flags=_SAMPLED if parent.trace_id & _LOW_64 < self.bound else _NOT_SAMPLED)
 
     @contextlib.contextmanager
     def server(self, name: str, headers: Mapping[str, str], attributes: dict[str, Any],
                client: tuple[str, int] | None = None) -> Iterator[ServerTrace]:
         parent = self._client_context(headers, client)
+        recorded: _Span | None = None
         if parent is None:
             trace_id = random.getrandbits(128) or 1
-            if not (self.recording and otel.new_trace_sampled(self.config, trace_id)):
-                fresh = _fresh_ids.set((trace_id, random.getrandbits(64) or 1))
-                try:
-                    yield ServerTrace(f"{trace_id:032x}", trace.INVALID_SPAN)
-                finally:
-                    _fresh_ids.reset(fresh)
-                return
-            # sampled here, so the SDK's sampler records every root span (otel.install(presampled=True))
-            with self._span(name, context.Context(), attributes) as request_trace:
-                yield request_trace
-            return
-        if self.recording and parent.trace_flags.sampled:
-            with self._span(name, trace.set_span_in_context(NonRecordingSpan(parent)), attributes) as request_trace:
-                yield request_trace
-            return
-        token = context.attach(trace.set_span_in_context(NonRecordingSpan(parent)))
+            if trace_id & _LOW_64 < self.bound:
+                recorded = self._start(name, SpanKind.SERVER, None, attributes, trace_id)
+            current: tuple[int, int] | SpanContext | _Span = recorded or (trace_id, random.getrandbits(64) or 1)
+        elif self.processor is not None and parent.trace_flags.sampled:
+            current = recorded = self._start(name, SpanKind.SERVER, parent, attributes)
+        else:
+            trace_id, current = parent.trace_id, parent
+        token = _current.set(current)
         try:
-            yield ServerTrace(trace.format_trace_id(parent.trace_id), trace.INVALID_SPAN)
+            if recorded is None:
+                yield ServerTrace(f"{trace_id:032x}", trace.INVALID_SPAN)
+            else:
+                yield ServerTrace(f"{recorded.context.trace_id:032x}", recorded)
         finally:
-            context.detach(token)
+            _current.reset(token)
+            if recorded is not None:
+                self._end(recorded)
 
     @contextlib.contextmanager
-    def _span(self, name: str, parent: context.Context, attributes: dict[str, Any]) -> Iterator[ServerTrace]:
-        with self.tracer.start_as_current_span(name, context=parent, kind=trace.SpanKind.SERVER,
-                                               attributes=attributes) as span:
-            yield ServerTrace(trace.format_trace_id(span.get_span_context().trace_id), span)
-
-    @contextlib.contextmanager
-    def client(self, name: str, attributes: Callable[[], dict[str, Any]]) -> Iterator[trace.Span]:
+    def client(self, name: str, attributes: Callable[[], dict[str, Any]]) -> Iterator[SpanLike]:
         """A span for a call out, under the request's when that one records (`attributes` is called only then)."""
-        current = trace.get_current_span()
-        if not current.is_recording():
-            yield current
+        current = _current.get()
+        if not isinstance(current, _Span):
+            yield trace.INVALID_SPAN
             return
-        with self.tracer.start_as_current_span(name, kind=trace.SpanKind.CLIENT, attributes=attributes()) as span:
+        with self._recording(self._start(name, SpanKind.CLIENT, current.context, attributes())) as span:
             yield span
+
+    @contextlib.contextmanager
+    def delivery(self, name: str, stored: Mapping[str, str], attributes: dict[str, Any]) -> Iterator[SpanLike]:
+        """A call made later for an earlier request (an outboxed submit), in that request's trace.
+
+        As OpenTelemetry's messaging conventions have it for one message: the span is
+        a child of the request that queued the call and links to it. `inject` inside
+        sends this span's context on (the stored one when it is not recorded).
+        """
+        parent = _remote(stored)
+        if parent is None or self.processor is None or not parent.trace_flags.sampled:
+            token = _current.set(parent)
+            try:
+                yield trace.INVALID_SPAN
+            finally:
+                _current.reset(token)
+            return
+        span = self._start(name, SpanKind.CLIENT, parent, attributes)
+        span.links = (Link(parent, {"gateway.link": "queued by"}),)
+        with self._recording(span) as recording:
+            yield recording
+
+    @contextlib.contextmanager
+    def _recording(self, span: _Span) -> Iterator[_Span]:
+        token = _current.set(span)
+        try:
+            yield span
+        finally:
+            _current.reset(token)
+            self._end(span)
+
+    @staticmethod
+    def _start(name: str, kind: SpanKind, parent: SpanContext | None, attributes: dict[str, Any],
+               trace_id: int | None = None) -> _Span:
+        context = SpanContext(parent.trace_id if parent else trace_id or random.getrandbits(128) or 1,
+                              random.getrandbits(64) or 1, is_remote=False, trace_flags=_SAMPLED,
+                              trace_state=parent.trace_state if parent else None)
+        return _Span(name, kind, context, parent, attributes)
+
+    def _end(self, span: _Span) -> None:
+        if self.processor is not None:
+            self.processor.on_end(ReadableSpan(
+                span.name, span.context, span.parent, self.resource, span.attributes, links=span.links,
+                kind=span.kind, status=span.status, start_time=span.start, end_time=time.time_ns(),
+                instrumentation_scope=self.scope))
 
 
 def setup_tracing(service_name: str, config: TracingConfig) -> Tracing:
     resolved = otel.from_environment(config)
-    return Tracing(otel.install(service_name, resolved, presampled=True), resolved)
+    return Tracing(otel.install(service_name, resolved), resolved)

@@ -80,6 +80,8 @@ def test_a_task_is_one_trace_from_client_to_callback(services: Callable[..., Ser
     export = _child(spans, backend_server, "export report_export", "export-backend")
     assert export.attributes["export.attempt"] == 1 and export.attributes["export.status"] == "COMPLETED"
     assert export.attributes["export.rows"] > 0 and export.attributes["export.task_id"] == task_id
+    steps = [e[1]["export.step"] for e in export.events if e[0] == "step"]  # as progress reports find them
+    assert steps[0] == "query" and steps == sorted(steps, key=["query", "render", "store"].index), steps
     callback = _child(spans, backend_server, "callback", "export-backend")
     assert callback.attributes["callback.seq"] == 1 and callback.attributes["callback.try"] == 1
 
@@ -229,21 +231,63 @@ def test_access_log_line_per_request_with_ids(services: Callable[..., Service], 
     assert not [r for r in _json_lines(quiet.log()) if r.get("logger") == "gateway.access"], "opt-in only"
 
 
-def test_a_timeout_and_its_rerun_log_no_traceback(services: Callable[..., Service], tmp_path: Path) -> None:
-    backend = services("backend_stub", backend_config(tmp_path))
-    config = gateway_config(tmp_path, backend.url)
-    for route in config["routes"]:
-        route["plugins"] = [{"rerun": {"max_reruns": 1, "overrides": {"timeout_sec": 1}}}
-                            if isinstance(p, dict) and "rerun" in p else p for p in route["plugins"]]
-    gateway = services("gateway", config)
-    created = httpx.post(f"{gateway.url}{API}", json={"export_type": "slow_export", "timeout_sec": 1},
-                         headers=AUTH, timeout=10).json()["data"]
-    wait_until(lambda: httpx.get(f"{gateway.url}{API}/{created['task_id']}", headers=AUTH).json()["data"]["reruns"]
-               == 1, 15, what="the gateway's re-run of the TIMEOUT")
-    wait_status(backend.url, created["task_id"], {"TIMEOUT"}, headers={"X-Tenant-Id": "demo"}, timeout=30)
-    # the first attempt's thread has stopped at a safe point by the time the re-run timed out too
-    wait_until(lambda: "task ended" in backend.log() and backend.log().count('"status": "TIMEOUT"') >= 2, 10,
-               what="both attempts' end in the log")
+def _traceparent(trace_id: str) -> dict[str, str]:
+    return {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+
+
+def test_a_rerun_and_an_outbox_delivery_link_back_and_log_no_traceback(services: Callable[..., Service],
+                                                                       tmp_path: Path) -> None:
+    submit, poll, outboxed = "5bf92f3577b34da6a3ce929d0e0e4736", "6bf92f3577b34da6a3ce929d0e0e4736", \
+        "7bf92f3577b34da6a3ce929d0e0e4736"
+    fast_batches = {"OTEL_BSP_SCHEDULE_DELAY": "200"}  # the backend is killed below: its spans must be out by then
+    with OtlpReceiver() as collector:
+        backend = services("backend_stub", backend_config(tmp_path), OTEL_TRACES_EXPORTER="otlp",
+                           OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, **fast_batches)
+        config = gateway_config(tmp_path, backend.url, tracing={
+            "exporter": "otlp", "endpoint": collector.url, "sample_ratio": 0, "trusted_proxies": ["127.0.0.0/8"]})
+        for route in config["routes"]:
+            route["plugins"] = [{"rerun": {"max_reruns": 1, "overrides": {"timeout_sec": 1}}}
+                                if isinstance(p, dict) and "rerun" in p else
+                                {"circuit_breaker": {"fail_max": 50, "reset_timeout_sec": 1}}
+                                if isinstance(p, dict) and "circuit_breaker" in p else p for p in route["plugins"]]
+        gateway = services("gateway", config, **fast_batches)
+        task_id = httpx.post(f"{gateway.url}{API}", json={"export_type": "slow_export", "timeout_sec": 1},
+                             headers=AUTH | _traceparent(submit), timeout=10).json()["data"]["task_id"]
+        # the poll that finds the TIMEOUT re-runs the task: the re-run stays in the task's trace, linked to the poll
+        wait_until(lambda: httpx.get(f"{gateway.url}{API}/{task_id}", headers=AUTH | _traceparent(poll))
+                   .json()["data"]["reruns"] == 1, 15, what="the gateway's re-run of the TIMEOUT")
+        wait_status(backend.url, task_id, {"TIMEOUT"}, headers={"X-Tenant-Id": "demo"}, timeout=30)
+        # the first attempt's thread has stopped at a safe point by the time the re-run timed out too
+        wait_until(lambda: "task ended" in backend.log() and backend.log().count('"status": "TIMEOUT"') >= 2, 10,
+                   what="both attempts' end in the log")
+        rerun = wait_until(lambda: next((s for s in collector.of_trace(submit) if s.name == "export slow_export"
+                                         and s.attributes["export.attempt"] == 2), None), 15, what="the re-run's span")
+        assert rerun.links == [poll] and rerun.attributes["export.status"] == "TIMEOUT"
+
+        backend.kill()
+        queued = httpx.post(f"{gateway.url}{API}", json={"export_type": "report_export"}, timeout=10,
+                            headers=AUTH | _traceparent(outboxed))
+        assert queued.status_code == 202 and queued.json()["data"]["degraded"] is True
+        backend.start()
+        wait_status(gateway.url, queued.json()["data"]["task_id"], {"COMPLETED"}, path=f"{API}/", headers=AUTH)
+
+        def delivered() -> list[Span] | None:
+            spans = collector.of_trace(outboxed)
+            names = {(s.service, s.name) for s in spans}
+            return spans if {("backend", "export report_export"), ("backend", "POST /exports")} <= names else None
+
+        spans = wait_until(delivered, 15, what="the outbox delivery's spans")
+    server = next(s for s in spans if s.service == "gateway" and s.name == f"POST {API}")
+    refused = sorted((s for s in spans if s.parent_id == server.span_id and s.name == "upstream exports"),
+                     key=lambda s: s.attributes["gateway.attempt"])  # the submit's tries while the backend was down
+    assert [(s.attributes["gateway.attempt"], s.attributes.get("gateway.retry.reason")) for s in refused] == [
+        (1, None), (2, "connect_error"), (3, "connect_error")]
+    assert all(s.attributes["gateway.breaker.state"] == "closed" for s in refused)
+    tries = [s for s in spans if s.name == "outbox delivery exports"]  # the ones before the backend was back failed
+    assert tries and all(s.parent_id == server.span_id and s.links == [outboxed] for s in tries)
+    assert {s.attributes["export.task_id"] for s in tries} == {queued.json()["data"]["task_id"]}
+    delivery = next(s for s in tries if s.attributes.get("http.response.status_code") == 201)
+    _child(spans, _child(spans, delivery, "POST /exports", "backend"), "export report_export", "backend")
     for service in (backend, gateway):
         assert "Traceback" not in service.log() and "never retrieved" not in service.log(), service.log()[-3000:]
 

@@ -9,14 +9,19 @@ upstream or its path to it is down) it lets go at once, so any other gateway
 that can reach the upstream drains next, oldest first. The lock's lease covers
 one delivery and is renewed before each, so a gateway that dies holding it
 delays the others by at most that lease.
+
+Each delivery is a span in the trace of the submit that was outboxed (a child of
+that request's span, linked to it), so the task's trace goes on from there.
 """
 from __future__ import annotations
 
 import logging
 import os
 import socket
+import time
 from typing import Callable
 
+from opentelemetry.trace import StatusCode
 from redis.exceptions import RedisError
 
 from exports_common.errors import ApiError
@@ -25,11 +30,12 @@ from gateway.breakers import guarded
 from gateway.plugins.outbox.store import OutboxItem, OutboxStore
 from gateway.response import GatewayResponse
 from gateway.services import Services
-from gateway.telemetry import Tally
+from gateway.telemetry import Tally, inject
 from gateway.upstream import UpstreamError
 
 log = logging.getLogger("gateway.outbox")
 FAILURE_STATUSES = frozenset({500, 502, 503, 504})
+_TRACE_HEADERS = frozenset({"traceparent", "tracestate"})  # the submit's, stored with it: replaced by the delivery's
 
 
 class OutboxDrainer:
@@ -75,17 +81,27 @@ class OutboxDrainer:
                       extra={"task_id": item.task_id, "upstream": item.upstream})
             return False
 
-        async def call() -> GatewayResponse:
-            return await services.client.request(item.method, upstream.url + item.path, item.headers,
-                                                 item.body_bytes, upstream.timeouts)
+        url = upstream.url + item.path
+        stored = {name: value for name, value in item.headers if name in _TRACE_HEADERS}
+        attributes = {"http.request.method": item.method, "url.full": url, "gateway.tenant": item.tenant,
+                      "export.task_id": item.task_id, "gateway.outbox.wait_sec": time.time() - item.created_at}
+        with services.tracing.delivery(f"outbox delivery {item.upstream}", stored, attributes) as span:
+            carrier: dict[str, str] = {}
+            inject(carrier)
+            headers = [h for h in item.headers if h[0] not in _TRACE_HEADERS] + list(carrier.items())
 
-        breaker = services.breakers.by_upstream.get(item.upstream)
-        try:
-            resp = await (guarded(breaker, call, FAILURE_STATUSES, item.tenant) if breaker else call())
-            await resp.read()
-        except (UpstreamError, ApiError) as exc:  # ApiError: the tenant's own breaker is open
-            log.info("outbox delivery deferred", extra={"task_id": item.task_id, "error": str(exc)})
-            return False
+            async def call() -> GatewayResponse:
+                return await services.client.request(item.method, url, headers, item.body_bytes, upstream.timeouts)
+
+            breaker = services.breakers.by_upstream.get(item.upstream)
+            try:
+                resp = await (guarded(breaker, call, FAILURE_STATUSES, item.tenant) if breaker else call())
+                await resp.read()
+            except (UpstreamError, ApiError) as exc:  # ApiError: the tenant's own breaker is open
+                span.set_status(StatusCode.ERROR, str(exc))
+                log.info("outbox delivery deferred", extra={"task_id": item.task_id, "error": str(exc)})
+                return False
+            span.set_attribute("http.response.status_code", resp.status)
         if resp.status >= 500:
             return False
         outcome = "delivered" if resp.status < 400 else "refused"
