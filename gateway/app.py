@@ -33,7 +33,7 @@ from exports_common.errors import ApiError, ErrorKind, unavailable
 from exports_common.jsonlog import request_id_var, task_id_var, trace_id_var
 from exports_common.redis_client import store_unavailable
 from exports_common.signing import DownloadSigner
-from gateway import access_log, openapi, telemetry
+from gateway import access_log, openapi, telemetry, worker_metrics
 from gateway.admin_recovery import AdminRecovery
 from gateway.breakers import STATES, Breakers
 from gateway.config import GatewayConfig, RouteConfig, plugin_of
@@ -113,6 +113,9 @@ class Gateway:
         self._apply(build_runtime(config, services))
         watcher = asyncio.create_task(self._watch_config())
         drainer = asyncio.create_task(OutboxDrainer(lambda: self.runtime.services).run())
+        where = worker_metrics.directory()
+        publisher = None if where is None else asyncio.create_task(
+            worker_metrics.publish_forever(metrics.registry, where))
         with contextlib.suppress(NotImplementedError, RuntimeError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
         try:
@@ -120,6 +123,8 @@ class Gateway:
         finally:
             watcher.cancel()
             drainer.cancel()
+            if publisher is not None:
+                publisher.cancel()
             await services.client.close()
             otel.shutdown()
             if redis is not None:
