@@ -48,7 +48,8 @@ def scaling(procs: Processes, backend: Service, task_id: str, rounds: int, secon
     try:
         rates = {}
         for workers in (1, 2):
-            config = gateway_config(procs.workdir, backend.url, redis.url, log_level="warning")
+            # the same config for both: gateway_processes matters only while Redis is unreachable
+            config = gateway_config(procs.workdir, backend.url, redis.url, log_level="warning", gateway_processes=2)
             gateway = procs.start("gateway", config, f"gateway-redis-{workers}w", args=("--workers", str(workers)))
             url = f"{gateway.url}/api/v1/exports/{task_id}"
             httpx.get(url, headers=AUTH)  # fills the shared cache

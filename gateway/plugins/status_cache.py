@@ -20,6 +20,9 @@ from gateway.response import GatewayResponse, freeze, thaw
 from gateway.services import Services
 
 TERMINAL = ["COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"]
+# decoded answers kept per route, so that a hit decodes nothing; more than this many entries hit lately
+# empties it (an entry costs its answer's size once more)
+DECODED_ENTRIES = 1024
 
 
 class StatusCacheSettings(Settings):
@@ -55,13 +58,15 @@ class StatusCache:
         self.metrics = services.metrics
         self.route = route
         self._in_flight: dict[str, asyncio.Future[bytes]] = {}
+        # key -> (the stored bytes it was decoded from, the answer): valid while the store returns those bytes
+        self._decoded: dict[str, tuple[bytes, GatewayResponse]] = {}
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         key = ctx.tenant_key(self.settings.param)
         raw = await self.store.get(key)
         if raw is not None:
             self.metrics.cache.add(self.route, "hit")
-            return _answer(raw, "HIT")
+            return self._hit(key, raw)
         while (leader := self._in_flight.get(key)) is not None:
             try:
                 shared = await asyncio.shield(leader)
@@ -73,6 +78,14 @@ class StatusCache:
                 # the leader's client went away: follow the next leader, or become it
         self.metrics.cache.add(self.route, "miss")
         return _answer(await self._fetch(ctx, key), "MISS")
+
+    def _hit(self, key: str, raw: bytes) -> GatewayResponse:
+        decoded = self._decoded.get(key)
+        if decoded is None or decoded[0] != raw:
+            if len(self._decoded) >= DECODED_ENTRIES:
+                self._decoded.clear()
+            decoded = self._decoded[key] = (raw, _answer(raw, "HIT"))
+        return decoded[1].copy()
 
     async def _fetch(self, ctx: RequestContext, key: str) -> bytes:
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
