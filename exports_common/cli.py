@@ -17,7 +17,7 @@ from starlette.types import ASGIApp
 from exports_common import dev_mode, jsonlog
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.connection_limits import ConnectionLimits, bounded_http
-from exports_common.workers import STARTUP_FAILURE, Supervisor, prepare_metrics_dir
+from exports_common.workers import STARTUP_FAILURE, Supervisor, metrics_dir
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -96,5 +96,5 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
         single = uvicorn.Server(server)
         single.run()
         return 0 if single.started else STARTUP_FAILURE
-    prepare_metrics_dir(Path(tempfile.gettempdir()) / f"{prog}-metrics-{os.getpid()}")
-    return Supervisor(server, workers).run()
+    with metrics_dir(Path(tempfile.gettempdir()) / f"{prog}-metrics-{os.getpid()}"):
+        return Supervisor(server, workers).run()

@@ -14,6 +14,7 @@ at most once a second.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -22,6 +23,7 @@ import socket
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Iterator
 
 import uvicorn
 
@@ -33,15 +35,23 @@ STARTUP_FAILURE = 3  # uvicorn's exit code when a server could not start (e.g. i
 STOP_GRACE_SEC = 15.0
 
 
-def prepare_metrics_dir(default: Path) -> None:
+@contextlib.contextmanager
+def metrics_dir(default: Path) -> Iterator[Path]:
     """An empty directory for this run's worker metrics: $PROMETHEUS_MULTIPROC_DIR if set, else `default`.
 
     Emptied at start: a previous run's files would add a dead process's counts to this one's.
+    `default` (a directory of this run's own) is removed at the end.
     """
-    path = Path(os.environ.get(METRICS_DIR_ENV) or default)
+    given = os.environ.get(METRICS_DIR_ENV)
+    path = Path(given or default)
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True, mode=0o700)
     os.environ[METRICS_DIR_ENV] = str(path)
+    try:
+        yield path
+    finally:
+        if not given:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class Supervisor:
