@@ -5,8 +5,10 @@ hits of one COMPLETED task held by a real backend process; the process runs
 twice under `valgrind --tool=callgrind`, with N and 5N hits, and the difference
 divided by 4N is one hit. `--tracing otlp` exports to a local receiver at the
 default ratio; `--before DIR` runs an earlier checkout's gateway the same way.
+`--list` counts an uncached `GET /api/v1/exports?limit=1` instead (the backend answers
+each; only the gateway's process is counted).
 
-Run: python -m benchmarks.hit_instructions [--hits 400] [--tracing off|otlp] [--before DIR]
+Run: python -m benchmarks.hit_instructions [--hits 400] [--tracing off|otlp] [--before DIR] [--list]
 """
 from __future__ import annotations
 
@@ -22,16 +24,16 @@ from typing import Any, MutableMapping
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def _drive(config_path: str, task_id: str, key: str, hits: int) -> None:
+async def _drive(config_path: str, task_id: str, key: str, hits: int, listed: bool) -> None:
     from exports_common.config_loader import load_model
     from gateway.app import create_app
     from gateway.config import GatewayConfig
 
     gateway = create_app(load_model(config_path, GatewayConfig), config_path)
-    path = f"/api/v1/exports/{task_id}"
+    path = "/api/v1/exports" if listed else f"/api/v1/exports/{task_id}"
     scope: dict[str, Any] = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "path": path, "raw_path": path.encode(), "query_string": b"limit=1" if listed else b"", "root_path": "",
         "headers": [(b"host", b"gw"), (b"authorization", f"Bearer {key}".encode())],
         "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8080),
     }
@@ -52,13 +54,13 @@ async def _drive(config_path: str, task_id: str, key: str, hits: int) -> None:
     assert set(statuses) == {200}, set(statuses)
 
 
-def _instructions(code: Path, config_path: str, task_id: str, key: str, hits: int) -> int:
+def _instructions(code: Path, config_path: str, task_id: str, key: str, hits: int, listed: bool) -> int:
     from tests.conftest import RAISED_LIMITS  # here, not at the top: under callgrind this file runs another tree
 
     with tempfile.NamedTemporaryFile(suffix=".callgrind") as out:
         python = code / ".venv" / "bin" / "python" if code != ROOT else Path(sys.executable)
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}", str(python),
-                        str(Path(__file__)), "--drive", config_path, task_id, key, str(hits)],
+                        str(Path(__file__)), "--drive", config_path, task_id, key, str(hits), str(int(listed))],
                        check=True, capture_output=True,
                        # callgrind runs the process ~50x slower: a 5 s batch would hold a tenth of the spans a
                        # real second's traffic puts in one; 60 s keeps batches near their production size
@@ -73,8 +75,8 @@ def _instructions(code: Path, config_path: str, task_id: str, key: str, hits: in
 
 def main() -> None:
     if sys.argv[1:2] == ["--drive"]:
-        config_path, task_id, key, hits = sys.argv[2:6]
-        asyncio.run(_drive(config_path, task_id, key, int(hits)))
+        config_path, task_id, key, hits, listed = sys.argv[2:7]
+        asyncio.run(_drive(config_path, task_id, key, int(hits), listed == "1"))
         return
     from benchmarks.harness import AUTH, processes, submit_and_wait
     from tests.conftest import DEMO_KEY, backend_config, gateway_config
@@ -84,6 +86,7 @@ def main() -> None:
     parser.add_argument("--hits", type=int, default=400)
     parser.add_argument("--tracing", choices=["off", "otlp"], default="off")
     parser.add_argument("--before", type=Path)
+    parser.add_argument("--list", action="store_true", help="an uncached list call instead of a cache hit")
     args = parser.parse_args()
     assert AUTH
     with OtlpReceiver() as collector, processes() as procs:
@@ -98,10 +101,11 @@ def main() -> None:
         measured = procs.workdir / "measured.yaml"
         measured.write_text(yaml.safe_dump(config))
         code = args.before.resolve() if args.before else ROOT
-        few = _instructions(code, str(measured), task_id, DEMO_KEY, args.hits)
-        many = _instructions(code, str(measured), task_id, DEMO_KEY, 5 * args.hits)
+        few = _instructions(code, str(measured), task_id, DEMO_KEY, args.hits, args.list)
+        many = _instructions(code, str(measured), task_id, DEMO_KEY, 5 * args.hits, args.list)
         label = f"before ({args.before})" if args.before else f"this code, tracing {args.tracing}"
-        print(f"cache hit, {label}: {(many - few) / (4 * args.hits):,.0f} instructions")
+        what = "list limit=1" if args.list else "cache hit"
+        print(f"{what}, {label}: {(many - few) / (4 * args.hits):,.0f} instructions")
 
 
 if __name__ == "__main__":
