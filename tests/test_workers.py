@@ -7,6 +7,7 @@ shared accept queue only the running one takes from.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -165,3 +166,32 @@ def test_workers_without_redis_are_refused_with_what_to_set(tmp_path: Path) -> N
                          cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert run.returncode == 2
     assert "needs redis_url (REDIS_URL)" in run.stderr
+
+
+def test_merged_metrics_keep_a_dead_workers_counts_but_not_its_gauges(tmp_path: Path) -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gateway import worker_metrics
+    from gateway.telemetry import Metrics
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid names no process now
+    own = Metrics()
+    own.config_reloads.add("applied")
+    own.observe_gauge("gateway_retries_in_flight", "d", lambda: [(1.0, {"upstream": "exports"})])
+    own.observe_gauge("gateway_breaker_state", "d", lambda: [(0.0, {"upstream": "exports"})])
+    snapshot = [["gateway_config_reloads", "counter", "d",
+                 [["gateway_config_reloads_total", {"outcome": "applied"}, 2]]],
+                ["gateway_breaker_state", "gauge", "d", [["gateway_breaker_state", {"upstream": "exports"}, 2]]]]
+    (tmp_path / f"{dead.pid}.json").write_text(json.dumps(snapshot))
+    sibling = [["gateway_retries_in_flight", "gauge", "d", [["gateway_retries_in_flight", {"upstream": "exports"}, 2]]],
+               ["gateway_breaker_state", "gauge", "d", [["gateway_breaker_state", {"upstream": "exports"}, 1]]]]
+    (tmp_path / f"{os.getppid()}.json").write_text(json.dumps(sibling))  # a live process stands in for a worker
+
+    text = generate_latest(worker_metrics.merged_registry(own.registry, tmp_path)).decode()
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.labels.get("outcome", "applied") == "applied" and s.labels.get("upstream", "exports") == "exports"}
+    assert samples["gateway_config_reloads_total"] == 3  # 1 here + 2 of the dead worker: a total never goes down
+    assert samples["gateway_breaker_state"] == 1  # the worst of the live workers; the dead one's 2 is gone
+    assert samples["gateway_retries_in_flight"] == 3  # summed
