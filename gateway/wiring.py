@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import logging
 import signal
@@ -119,6 +120,9 @@ async def running(holder: RuntimeHolder) -> AsyncIterator[None]:
     services = open_services(holder.initial_config)
     holder.observe(services)
     holder.apply(build_runtime(holder.initial_config, services))
+    # what start-up built (modules, config, plugin chains) lives as long as the process: kept out of every
+    # later collection, so that a full one walks only what requests left, which shortens the pauses in p99
+    gc.freeze()
     watcher = asyncio.create_task(holder.watch_config())
     drainer = asyncio.create_task(OutboxDrainer(lambda: holder.runtime.services).run())
     # one of several workers (run --workers N): its figures published for whichever worker is scraped
