@@ -127,6 +127,20 @@ def test_metrics_count_every_workers_requests_whichever_is_scraped(stack: Stack)
     assert sum(line.startswith("gateway_config_info{") for line in gauges.splitlines()) == 1
 
 
+def test_sighup_to_the_supervisor_reloads_every_worker(stack: Stack) -> None:
+    workers = stack.workers()
+
+    def applied() -> float:
+        text = httpx.get(f"{stack.gateway.url}/metrics", timeout=5).text
+        prefix = 'gateway_config_reloads_total{outcome="applied"} '
+        return sum(float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix))
+
+    before = applied()
+    stack.gateway.signal(signal.SIGHUP)  # the file is unchanged: only the signal can cause these reloads
+    wait_until(lambda: applied() - before == len(workers), 10, what="one reload in each worker")
+    assert stack.workers() == workers  # passed on, not the default action (which would end them)
+
+
 def test_a_config_change_reaches_every_worker(stack: Stack) -> None:
     config = yaml.safe_load(stack.gateway.config_path.read_text())
     config["tenants"]["workers_probe"] = {"api_key_hashes": ["sha256:" + "ab" * 32]}
@@ -151,7 +165,9 @@ def test_connection_limits_hold_in_every_worker(stack: Stack) -> None:
 def test_a_killed_worker_is_replaced_and_the_other_serves_meanwhile(stack: Stack) -> None:
     victim, survivor = stack.workers()
     os.kill(victim, signal.SIGKILL)
-    assert stack.pid_serving() == survivor
+    wait_until(lambda: not Path(f"/proc/{victim}").exists() or "Z" in Path(f"/proc/{victim}/stat").read_text()
+               .split(")")[-1].split()[0], 10, what="the killed worker to be gone")
+    assert stack.pid_serving() != victim  # the survivor (or already the replacement) answers meanwhile
     replaced = wait_until(lambda: len(stack.workers()) == 2 and victim not in stack.workers() and stack.workers(),
                           15, what="a new worker in place of the killed one")
     newcomer = next(pid for pid in replaced if pid != survivor)
