@@ -17,7 +17,7 @@ from starlette.types import ASGIApp
 from exports_common import dev_mode, jsonlog
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.connection_limits import ConnectionLimits, bounded_http
-from exports_common.workers import STARTUP_FAILURE, Supervisor, metrics_dir
+from exports_common.workers import METRICS_DIR_ENV, STARTUP_FAILURE, Supervisor, metrics_dir
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -93,6 +93,7 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
                             access_log=False, lifespan="on", http=bounded_http(limits, served.max_header_bytes),
                             proxy_headers=False, timeout_keep_alive=limits.keep_alive_sec)
     if workers == 1:
+        os.environ.pop(METRICS_DIR_ENV, None)  # one process answers for itself: no other run's files merged in
         single = uvicorn.Server(server)
         single.run()
         return 0 if single.started else STARTUP_FAILURE
