@@ -6,37 +6,72 @@ twice under `valgrind --tool=callgrind`, with N and 5N hits, and the difference
 divided by 4N is one hit. `--tracing otlp` exports to a local receiver at the
 default ratio; `--before DIR` runs an earlier checkout's gateway the same way.
 `--list` counts an uncached `GET /api/v1/exports?limit=1` instead (the backend answers
-each; only the gateway's process is counted).
+each; only the gateway's process is counted), and `--list --reference` the same call
+through the minimal aiohttp proxy of benchmarks/reference_servers.py, driven the same way.
 
-Run: python -m benchmarks.hit_instructions [--hits 400] [--tracing off|otlp] [--before DIR] [--list]
+Run: python -m benchmarks.hit_instructions [--hits 400] [--tracing off|otlp] [--before DIR] [--list [--reference]]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, MutableMapping
+from typing import Any, AsyncIterator, MutableMapping
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def _drive(config_path: str, task_id: str, key: str, hits: int, listed: bool) -> None:
+@contextlib.asynccontextmanager
+async def _lifespan(app: Any) -> AsyncIterator[None]:
+    """An ASGI app's lifespan, started and stopped as a server would."""
+    started, stopping = asyncio.Event(), asyncio.Event()
+    messages = iter([{"type": "lifespan.startup"}])
+
+    async def receive() -> dict[str, Any]:
+        for message in messages:
+            return message
+        await stopping.wait()
+        return {"type": "lifespan.shutdown"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "lifespan.startup.complete":
+            started.set()
+
+    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send))
+    await started.wait()
+    try:
+        yield
+    finally:
+        stopping.set()
+        await task
+
+
+async def _drive(config_path: str, task_id: str, key: str, hits: int, mode: str) -> None:
     from exports_common.config_loader import load_model
     from gateway.app import create_app
     from gateway.config import GatewayConfig
 
-    gateway = create_app(load_model(config_path, GatewayConfig), config_path)
-    path = "/api/v1/exports" if listed else f"/api/v1/exports/{task_id}"
+    config = load_model(config_path, GatewayConfig)
+    path = {"hit": f"/api/v1/exports/{task_id}", "list": "/api/v1/exports", "proxy": "/exports"}[mode]
+    headers = [(b"host", b"gw"), (b"x-tenant-id", b"demo") if mode == "proxy" else
+               (b"authorization", f"Bearer {key}".encode())]
     scope: dict[str, Any] = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-        "path": path, "raw_path": path.encode(), "query_string": b"limit=1" if listed else b"", "root_path": "",
-        "headers": [(b"host", b"gw"), (b"authorization", f"Bearer {key}".encode())],
-        "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8080),
+        "path": path, "raw_path": path.encode(), "query_string": b"" if mode == "hit" else b"limit=1",
+        "root_path": "", "headers": headers, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8080),
     }
+    if mode == "proxy":
+        from benchmarks.reference_servers import aiohttp_proxy
+
+        app, lifespan = aiohttp_proxy(config.upstreams["exports"].urls[0]), None
+    else:
+        app = create_app(config, config_path)
+        lifespan = app.lifespan(app.ops_app)
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
@@ -47,20 +82,20 @@ async def _drive(config_path: str, task_id: str, key: str, hits: int, listed: bo
         if message["type"] == "http.response.start":
             statuses.append(message["status"])
 
-    async with gateway.lifespan(gateway.ops_app):
-        await gateway(dict(scope), receive, send)  # the miss that fills the cache
+    async with lifespan or _lifespan(app):
+        await app(dict(scope), receive, send)  # the miss that fills the cache
         for _ in range(hits):
-            await gateway(dict(scope), receive, send)
+            await app(dict(scope), receive, send)
     assert set(statuses) == {200}, set(statuses)
 
 
-def _instructions(code: Path, config_path: str, task_id: str, key: str, hits: int, listed: bool) -> int:
+def _instructions(code: Path, config_path: str, task_id: str, key: str, hits: int, mode: str) -> int:
     from tests.conftest import RAISED_LIMITS  # here, not at the top: under callgrind this file runs another tree
 
     with tempfile.NamedTemporaryFile(suffix=".callgrind") as out:
         python = code / ".venv" / "bin" / "python" if code != ROOT else Path(sys.executable)
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}", str(python),
-                        str(Path(__file__)), "--drive", config_path, task_id, key, str(hits), str(int(listed))],
+                        str(Path(__file__)), "--drive", config_path, task_id, key, str(hits), mode],
                        check=True, capture_output=True,
                        # callgrind runs the process ~50x slower: a 5 s batch would hold a tenth of the spans a
                        # real second's traffic puts in one; 60 s keeps batches near their production size
@@ -75,8 +110,8 @@ def _instructions(code: Path, config_path: str, task_id: str, key: str, hits: in
 
 def main() -> None:
     if sys.argv[1:2] == ["--drive"]:
-        config_path, task_id, key, hits, listed = sys.argv[2:7]
-        asyncio.run(_drive(config_path, task_id, key, int(hits), listed == "1"))
+        config_path, task_id, key, hits, mode = sys.argv[2:7]
+        asyncio.run(_drive(config_path, task_id, key, int(hits), mode))
         return
     from benchmarks.harness import AUTH, processes, submit_and_wait
     from tests.conftest import DEMO_KEY, backend_config, gateway_config
@@ -87,6 +122,7 @@ def main() -> None:
     parser.add_argument("--tracing", choices=["off", "otlp"], default="off")
     parser.add_argument("--before", type=Path)
     parser.add_argument("--list", action="store_true", help="an uncached list call instead of a cache hit")
+    parser.add_argument("--reference", action="store_true", help="with --list: through the minimal aiohttp proxy")
     args = parser.parse_args()
     assert AUTH
     with OtlpReceiver() as collector, processes() as procs:
@@ -101,9 +137,12 @@ def main() -> None:
         measured = procs.workdir / "measured.yaml"
         measured.write_text(yaml.safe_dump(config))
         code = args.before.resolve() if args.before else ROOT
-        few = _instructions(code, str(measured), task_id, DEMO_KEY, args.hits, args.list)
-        many = _instructions(code, str(measured), task_id, DEMO_KEY, 5 * args.hits, args.list)
+        mode = ("proxy" if args.reference else "list") if args.list else "hit"
+        few = _instructions(code, str(measured), task_id, DEMO_KEY, args.hits, mode)
+        many = _instructions(code, str(measured), task_id, DEMO_KEY, 5 * args.hits, mode)
         label = f"before ({args.before})" if args.before else f"this code, tracing {args.tracing}"
+        if args.reference:
+            label = "minimal aiohttp proxy"
         what = "list limit=1" if args.list else "cache hit"
         print(f"{what}, {label}: {(many - few) / (4 * args.hits):,.0f} instructions")
 
