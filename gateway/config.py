@@ -5,7 +5,9 @@ so a mistake is reported at its exact path (routes[0].plugins[2].idempotency.ttl
 """
 from __future__ import annotations
 
+import dataclasses
 import re
+import string
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -17,16 +19,22 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from starlette.routing import compile_path
 
 from exports_common import dev_mode
 from exports_common.connection_limits import ConnectionLimits, networks
 from exports_common.otel import TracingConfig
+from gateway.context import RequestContext
 from gateway.limiter import Quota
 from gateway.plugins import PLUGINS
 from gateway.tenants import Limits, TenantLimits
 
+# read once at start (the server, the Redis client and stores, tracing, the upstream client's pool): a reload
+# that changes one applies everything else and says which of these wait for a restart
+RESTART_ONLY = ("host", "port", "log_level", "max_header_bytes", "connection_limits", "redis_url", "redis_prefix",
+                "state_dir", "tracing")
+CONTEXT_FIELDS = frozenset(f.name for f in dataclasses.fields(RequestContext))
 HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
-_PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 
 class Strict(BaseModel):
@@ -53,6 +61,41 @@ PluginEntry: type[BaseModel] = create_model(  # type: ignore[call-overload]
 def plugin_of(entry: BaseModel) -> tuple[str, BaseModel]:
     field = next(n for n in type(entry).model_fields if getattr(entry, n) is not None)
     return field.removeprefix("p_"), getattr(entry, field)
+
+
+def filters_and_policy(route: RouteConfig) -> tuple[list[tuple[str, BaseModel]], list[tuple[str, BaseModel]]]:
+    """The route's plugins as a request meets them: its filters as listed, then its upstream policy
+    (timeout, retry, breaker: ranked by each plugin's `upstream_policy`) around the proxy."""
+    entries = [plugin_of(entry) for entry in route.plugins]
+    policy = sorted((e for e in entries if PLUGINS[e[0]].upstream_policy), key=lambda e: PLUGINS[e[0]].upstream_policy)
+    return [e for e in entries if not PLUGINS[e[0]].upstream_policy], policy
+
+
+def contract_problems(route: RouteConfig) -> list[str]:
+    """Each plugin's declared needs against what the plugins before it provide (gateway/plugins/base.py)."""
+    problems: list[str] = []
+    provided: set[str] = set()
+    minted_by: dict[str, str] = {}
+    agreed: dict[str, tuple[str, object]] = {}
+    filters, policy = filters_and_policy(route)
+    for name, settings in filters + policy:
+        contract = PLUGINS[name].contract(settings, tuple(route.methods))
+        for field in sorted((contract.needs | contract.provides | contract.defaults) - CONTEXT_FIELDS):
+            problems.append(f"route `{route.name}`: {name} declares `{field}`, which is not a field of the request "
+                            f"context (gateway/context.py)")
+        for field in sorted(contract.needs - provided):
+            problems.append(f"route `{route.name}`: {name} needs `{field}`, which no earlier plugin provides")
+        for field in sorted(contract.provides & minted_by.keys()):
+            problems.append(f"route `{route.name}`: {name} sets `{field}`, so it must come before "
+                            f"{minted_by[field]}, which sets one only when no earlier plugin did")
+        for key, value in contract.agrees:
+            first = agreed.setdefault(key, (name, value))
+            if first[1] != value:
+                problems.append(f"route `{route.name}`: {name}'s {key} ({value!r}) must equal {first[0]}'s "
+                                f"({first[1]!r})")
+        minted_by.update(dict.fromkeys(contract.defaults - provided, name))
+        provided |= contract.provides | contract.defaults
+    return problems
 
 
 class TimeoutsConfig(Strict):
@@ -118,23 +161,10 @@ class RouteConfig(Strict):
         return upper
 
     @model_validator(mode="after")
-    def _task_id_provider_first(self) -> RouteConfig:
-        # a plugin that provides the task id (idempotency fixes it at claim time) must run before task_id,
-        # which otherwise mints one of its own; and both must name ids alike
-        entries = [plugin_of(entry) for entry in self.plugins]
-        names = [name for name, _ in entries]
-        if "task_id" not in names:
-            return self
-        task_id_at = names.index("task_id")
-        prefix = getattr(entries[task_id_at][1], "prefix", None)
-        for at, (name, settings) in enumerate(entries):
-            if "task_id" not in getattr(PLUGINS[name], "provides", ()):
-                continue
-            if at > task_id_at:
-                raise ValueError(f"{name} fixes the task id, so it must come before task_id in route {self.name!r}")
-            if getattr(settings, "task_id_prefix", prefix) != prefix:
-                raise ValueError(f"{name}.task_id_prefix must equal task_id.prefix ({prefix!r}) in route "
-                                 f"{self.name!r}")
+    def _contract(self) -> RouteConfig:
+        problems = contract_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @field_validator("path")
@@ -142,12 +172,14 @@ class RouteConfig(Strict):
     def _path(cls, value: str) -> str:
         if not value.startswith("/"):
             raise ValueError("path must start with /")
+        compile_path(value)  # a duplicated {param} or an unknown {param:convertor} is refused here, not at match
         return value
 
     @field_validator("rewrite")
     @classmethod
     def _rewrite(cls, value: str | None, info: ValidationInfo) -> str | None:
-        missing = set(_PARAM.findall(value or "")) - set(_PARAM.findall(info.data.get("path", "")))
+        used = {field for _, field, _, _ in string.Formatter().parse(value or "") if field is not None}
+        missing = used - set(compile_path(info.data.get("path", "/"))[2])
         if missing:
             raise ValueError(f"rewrite uses {sorted(missing)}, which the path does not define")
         return value
@@ -258,6 +290,16 @@ class GatewayConfig(Strict):
                                 "(python -m gateway hash-key <new key>)")
         return problems
 
+    def restart_required(self, running: GatewayConfig) -> list[str]:
+        """The paths of settings that differ from `running`'s but are read only at start."""
+        changed = [path for path in RESTART_ONLY if getattr(self, path) != getattr(running, path)]
+        pool = max(u.pool_size for u in running.upstreams.values())
+        for name, upstream in self.upstreams.items():
+            old = running.upstreams.get(name)
+            if upstream.pool_size != (old.pool_size if old is not None else pool):
+                changed.append(f"upstreams.{name}.pool_size")
+        return changed
+
     def limits(self) -> Limits:
         base = self.tenant_limits
         by_tenant = {}
@@ -279,16 +321,16 @@ class GatewayConfig(Strict):
         names = [r.name for r in self.routes]
         if len(names) != len(set(names)):
             raise ValueError("route names must be unique")
-        breakers: dict[str, tuple[str, BaseModel]] = {}
+        per_upstream: dict[tuple[str, str], tuple[str, BaseModel]] = {}
         for route in self.routes:
             for entry in route.plugins:
                 name, settings = plugin_of(entry)
-                if name != "circuit_breaker":
+                if not PLUGINS[name].per_upstream:
                     continue
-                first = breakers.setdefault(route.upstream, (route.name, settings))
+                first = per_upstream.setdefault((name, route.upstream), (route.name, settings))
                 if first[1] != settings:
-                    raise ValueError(f"routes {first[0]!r} and {route.name!r} configure the circuit breaker of "
-                                     f"upstream {route.upstream!r} differently; it is one breaker per upstream")
+                    raise ValueError(f"routes {first[0]!r} and {route.name!r} configure {name} of upstream "
+                                     f"{route.upstream!r} differently; it is one per upstream: give both the same")
         return self
 
 

@@ -11,6 +11,7 @@ import hmac
 import json
 import os
 import socket
+from typing import Any
 from urllib.parse import urlsplit
 
 from redis.exceptions import RedisError
@@ -21,8 +22,10 @@ from starlette.routing import Route
 from exports_common.envelope import ok
 from exports_common.errors import ApiError, ErrorKind
 from gateway import openapi, telemetry
+from gateway.address_limit import check_address
 from gateway.admin_recovery import AdminRecovery
-from gateway.plugins.rate_limit import check_address
+from gateway.config import filters_and_policy
+from gateway.plugins import PLUGINS
 from gateway.wiring import RuntimeHolder
 
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
@@ -93,16 +96,23 @@ class OpsEndpoints:
         if runtime.config.metrics_auth == "admin_token":
             self.require_admin(request)
         services = runtime.services
-        with contextlib.suppress(Exception):  # a store that does not answer leaves the last depth read
-            services.metrics.async_values["outbox_depth"] = float(await services.outbox.size())
+        for plugin in PLUGINS.values():
+            with contextlib.suppress(Exception):  # a store that does not answer leaves the last value read
+                await plugin.before_scrape(services)
         body, content_type = telemetry.prometheus_text(services.metrics)
         return Response(body, media_type=content_type)
 
     async def admin_routes(self, request: Request) -> Response:
         self.require_admin(request)
-        config = self.holder.runtime.config.model_dump(mode="json", exclude_none=True)
+        in_force = self.holder.runtime.config
+        config = in_force.model_dump(mode="json", exclude_none=True)
         config["admin_token"] = "***"
         config["download_signing"] = {"secrets": ["***"] * len(config["download_signing"]["secrets"])}
+        for route, shown in zip(in_force.routes, config["routes"], strict=True):
+            # the plugins as a request meets them (filters, then the upstream policy), every setting resolved
+            filters, policy = filters_and_policy(route)
+            shown["plugins"] = [{name: settings.model_dump(mode="json")} for name, settings in filters]
+            shown["upstream_policy"] = [{name: settings.model_dump(mode="json")} for name, settings in policy]
         return ok(config)
 
     async def admin_breakers(self, request: Request) -> Response:
@@ -113,25 +123,19 @@ class OpsEndpoints:
     async def admin_stats(self, request: Request) -> Response:
         self.require_admin(request)
         services = self.holder.runtime.services
-        metrics = services.metrics
-        return ok({
-            "pid": os.getpid(),
-            "status_cache": {"entries": services.status_cache.size(), "hits": metrics.cache.total(result="hit"),
-                             "misses": metrics.cache.total(result="miss"),
-                             "coalesced": metrics.cache.total(result="coalesced")},
-            "idempotency_keys": services.idempotency_store.size(),
-            "outbox": {"pending": await services.outbox.size(), "delivered": metrics.outbox.total(outcome="delivered"),
-                       "refused": metrics.outbox.total(outcome="refused")},
-            "retry_budget": {name: b.describe() for name, b in services.retry_budgets.by_upstream.items()},
-        })
+        stats: dict[str, Any] = {"pid": os.getpid()}
+        for plugin in PLUGINS.values():  # each plugin reports its own part
+            stats.update(await plugin.stats(services))
+        return ok(stats)
 
     async def admin_reload(self, request: Request) -> Response:
         self.require_admin(request)
-        problems = await self.holder.reload()
-        if problems:
+        outcome = await self.holder.reload()
+        if outcome.problems:
             raise ApiError(ErrorKind.VALIDATION, "the new config was refused; the old one keeps serving",
-                           data={"problems": problems})
-        return ok({"reloaded": True, "routes": len(self.holder.runtime.config.routes)})
+                           data={"problems": outcome.problems})
+        return ok({"reloaded": True, "routes": len(self.holder.runtime.config.routes),
+                   "restart_required": outcome.restart_required})
 
     def _recovery_upstream(self) -> str:
         """The export backend: the upstream named `exports`, else the first."""

@@ -11,23 +11,31 @@ import gc
 import hashlib
 import logging
 import signal
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from exports_common import dev_mode, otel
+from exports_common import dev_mode, otel, periodic
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.signing import DownloadSigner
-from gateway import telemetry, worker_metrics
-from gateway.breakers import STATES, Breakers
-from gateway.config import GatewayConfig, RouteConfig, plugin_of
+from gateway import config_watch, telemetry, worker_metrics
+from gateway.breakers import Breakers
+from gateway.config import GatewayConfig
 from gateway.limiter import Limiter
-from gateway.outbox_drainer import OutboxDrainer
+from gateway.plugins import PLUGINS
 from gateway.runtime import Runtime, build_runtime, upstreams_of
-from gateway.services import Services, open_redis, open_state
+from gateway.services import Services, State, open_redis
 from gateway.tenants import TenantDirectory
 from gateway.upstream import AiohttpUpstream
 
 log = logging.getLogger("gateway")
+
+
+@dataclass(frozen=True)
+class Reload:
+    """A reload's outcome: why it was refused, or which changed settings wait for a restart."""
+
+    problems: list[str]
+    restart_required: list[str] = field(default_factory=list)
 
 
 class RuntimeHolder:
@@ -38,7 +46,14 @@ class RuntimeHolder:
         self.config_path = config_path
         self._runtime: Runtime | None = None
         self.config_hash = ""
-        self._config_mtime = self._mtime()
+        # the file as it was at start (without --host/--port): what restart-only settings are compared with
+        self._started_file = self._load() or config
+
+    def _load(self) -> GatewayConfig | None:
+        try:
+            return load_model(self.config_path, GatewayConfig) if self.config_path else None
+        except ConfigError:
+            return None
 
     @property
     def runtime(self) -> Runtime:
@@ -46,58 +61,49 @@ class RuntimeHolder:
             raise RuntimeError("the gateway has not started")
         return self._runtime
 
-    def _mtime(self) -> float | None:
-        try:
-            return Path(self.config_path).stat().st_mtime if self.config_path else None
-        except OSError:
-            return None
-
     def apply(self, runtime: Runtime) -> None:
         self._runtime = runtime
         self.config_hash = hashlib.sha256(runtime.config.model_dump_json().encode()).hexdigest()[:16]
-        runtime.services.metrics.seed([(r.name, r.upstream, _retry_reasons(r)) for r in runtime.config.routes])
+        runtime.services.metrics.seed([(r.name, r.upstream) for r in runtime.config.routes])
 
     async def watch_config(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            mtime = self._mtime()
-            if mtime is not None and mtime != self._config_mtime:
+        if self.config_path:
+            async for _ in config_watch.changes(self.config_path):
                 await self.reload()
 
-    async def reload(self) -> list[str]:
+    async def reload(self) -> Reload:
         """Load the config file again; a config that does not validate is refused and the old one kept."""
-        self._config_mtime = self._mtime()
         if not self.config_path:
-            return ["the gateway was started without a config file"]
+            return Reload(["the gateway was started without a config file"])
         try:
             config = load_model(self.config_path, GatewayConfig)
         except ConfigError as exc:
             log.error("config reload refused; the config in force keeps serving", extra={"problems": exc.problems})
             self.runtime.services.metrics.config_reloads.add("refused")
-            return exc.problems
+            return Reload(exc.problems)
         unsafe = [] if dev_mode.dev_mode() else config.unsafe_defaults()
         if unsafe:
             self.runtime.services.metrics.config_reloads.add("refused")
             log.error("config reload refused outside dev mode; the config in force keeps serving",
                       extra={"problems": unsafe})
-            return unsafe
+            return Reload(unsafe)
+        restart = config.restart_required(self._started_file)
+        if config == self.runtime.config:  # the watcher and a SIGHUP or /admin/reload may both see one edit
+            return Reload([], restart)
         self.apply(build_runtime(config, self.runtime.services))
         self.runtime.services.metrics.config_reloads.add("applied")
         log.info("config reloaded", extra={"routes": len(config.routes), "config_hash": self.config_hash})
-        return []
+        if restart:
+            log.warning("config reloaded, but these settings keep their value from the start until a restart",
+                        extra={"restart_required": restart})
+        return Reload([], restart)
 
     def observe(self, services: Services) -> None:
-        """The gauges read at scrape time (the outbox's size is refreshed by the /metrics handler)."""
-        metrics = services.metrics
-        metrics.observe_gauge("gateway_breaker_state", "0 closed, 1 half-open, 2 open", lambda: [
-            (STATES.get(b.state, 2), {"upstream": name}) for name, b in services.breakers.by_upstream.items()])
-        metrics.observe_gauge("gateway_retries_in_flight", "retries in flight, by upstream (the budget caps them)",
-                              lambda: [(b.retries_in_flight, {"upstream": name})
-                                       for name, b in services.retry_budgets.by_upstream.items()])
-        metrics.observe_gauge("gateway_outbox_depth", "submissions waiting in the outbox for their upstream",
-                              lambda: [(metrics.async_values.get("outbox_depth", 0.0), {})])
-        metrics.observe_gauge("gateway_config_info", "the config in force: its hash (1 while it serves)",
-                              lambda: [(1.0, {"hash": self.config_hash})])
+        """The gauges read at scrape time: the gateway's own, then each plugin's."""
+        services.metrics.observe_gauge("gateway_config_info", "the config in force: its hash (1 while it serves)",
+                                       lambda: [(1.0, {"hash": self.config_hash})])
+        for plugin in PLUGINS.values():
+            plugin.observe(services)
 
 
 def open_services(config: GatewayConfig) -> Services:
@@ -109,7 +115,7 @@ def open_services(config: GatewayConfig) -> Services:
         client=AiohttpUpstream(pool), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
         signer=DownloadSigner(config.download_signing.secrets, config.download_signing.max_link_ttl_sec),
         upstreams=upstreams_of(config, metrics),
-        state=open_state(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
+        state=State(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
         limiter=Limiter(redis, config.redis_prefix),
     )
 
@@ -123,27 +129,25 @@ async def running(holder: RuntimeHolder) -> AsyncIterator[None]:
     # what start-up built (modules, config, plugin chains) lives as long as the process: kept out of every
     # later collection, so that a full one walks only what requests left, which shortens the pauses in p99
     gc.freeze()
-    watcher = asyncio.create_task(holder.watch_config())
-    drainer = asyncio.create_task(OutboxDrainer(lambda: holder.runtime.services).run())
+    # the plugins' background work (the outbox's drainer) runs on whatever services are in force
+    background = [work for plugin in PLUGINS.values() for work in plugin.background(lambda: holder.runtime.services)]
     # one of several workers (run --workers N): its figures published for whichever worker is scraped
-    where = worker_metrics.directory()
-    publisher = None if where is None else asyncio.create_task(
-        worker_metrics.publish_forever(services.metrics.registry, where))
+    if (where := worker_metrics.directory()) is not None:
+        background.append(worker_metrics.publish_forever(services.metrics.registry, where))
+    reloads: set[asyncio.Task[Reload]] = set()  # held until done: the loop keeps tasks weakly
+
+    def on_sighup() -> None:
+        reloads.add(reload := asyncio.create_task(holder.reload()))
+        reload.add_done_callback(reloads.discard)
+
     with contextlib.suppress(NotImplementedError, RuntimeError):
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(holder.reload()))
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_sighup)
     try:
-        yield
+        async with periodic.running(holder.watch_config(), *background):
+            yield
     finally:
-        watcher.cancel()
-        drainer.cancel()
-        if publisher is not None:
-            publisher.cancel()
         await services.client.close()
         otel.shutdown()
         if services.state.redis is not None:
             await services.state.redis.aclose()
 
-
-def _retry_reasons(route: RouteConfig) -> list[str]:
-    return [str(reason) for entry in route.plugins for name, settings in [plugin_of(entry)] if name == "retry"
-            for reason in getattr(settings, "retry_on", [])]

@@ -13,9 +13,9 @@ Other workers' figures are up to PUBLISH_INTERVAL_SEC old.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,7 +24,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from exports_common import periodic
 from exports_common.workers import METRICS_DIR_ENV
+
+log = logging.getLogger("gateway")
 
 PUBLISH_INTERVAL_SEC = 1.0
 # sum: a per-worker quantity; own: read from shared state by the scraped worker; max (the rest): the worst
@@ -52,10 +55,12 @@ def publish(registry: CollectorRegistry, where: Path) -> None:
 
 
 async def publish_forever(registry: CollectorRegistry, where: Path) -> None:
-    while True:
-        with contextlib.suppress(OSError):  # a full disk costs the other workers' freshness, not this worker
-            publish(registry, where)
-        await asyncio.sleep(PUBLISH_INTERVAL_SEC)
+    async def step() -> None:
+        publish(registry, where)
+
+    # a full disk costs the other workers' view of this one's figures, never a request
+    await periodic.periodic("worker metrics publishing", step, PUBLISH_INTERVAL_SEC, log,
+                            expected={OSError: f"check that {where} is writable and its disk not full"})
 
 
 def _alive(pid: int) -> bool:

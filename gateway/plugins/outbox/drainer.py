@@ -12,7 +12,6 @@ delays the others by at most that lease.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -21,10 +20,12 @@ from typing import Callable
 from redis.exceptions import RedisError
 
 from exports_common.errors import ApiError
+from exports_common.periodic import periodic
 from gateway.breakers import guarded
-from gateway.outbox_store import OutboxItem
+from gateway.plugins.outbox.store import OutboxItem, OutboxStore
 from gateway.response import GatewayResponse
 from gateway.services import Services
+from gateway.telemetry import Tally
 from gateway.upstream import UpstreamError
 
 log = logging.getLogger("gateway.outbox")
@@ -32,32 +33,24 @@ FAILURE_STATUSES = frozenset({500, 502, 503, 504})
 
 
 class OutboxDrainer:
-    def __init__(self, services: Callable[[], Services], interval_sec: float = 0.5, max_backoff_sec: float = 5.0):
+    def __init__(self, services: Callable[[], Services], store: OutboxStore, delivered: Tally,
+                 interval_sec: float = 0.5, max_backoff_sec: float = 5.0):
         self.services = services
+        self.store = store
+        self.delivered = delivered
         self.interval = interval_sec
         self.max_backoff = max_backoff_sec
         self.owner = f"{socket.gethostname()}-{os.getpid()}"
 
     async def run(self) -> None:
-        delay = self.interval
-        while True:
-            try:
-                ok = await self.drain_once()
-            except asyncio.CancelledError:
-                raise
-            except RedisError as exc:
-                log.warning("outbox unreachable; will try again", extra={"error": str(exc)})
-                ok = False
-            except Exception:
-                log.exception("outbox drain failed; will try again")
-                ok = False
-            delay = self.interval if ok else min(self.max_backoff, delay * 2)
-            await asyncio.sleep(delay)
+        await periodic("outbox drain", self.drain_once, self.interval, log, max_backoff_sec=self.max_backoff,
+                       expected={RedisError: "the shared outbox (Redis) does not answer; outboxed submissions "
+                                             "wait until it does: check that Redis runs at redis_url"})
 
     async def drain_once(self) -> bool:
         """Deliver what can be delivered; False when the upstream is still failing."""
         services = self.services()
-        outbox = services.outbox
+        outbox = self.store
         while True:
             if not await outbox.lock(self.owner, ttl=self._lease(services)):
                 return True
@@ -96,7 +89,7 @@ class OutboxDrainer:
         if resp.status >= 500:
             return False
         outcome = "delivered" if resp.status < 400 else "refused"
-        services.metrics.outbox.add(outcome)
+        self.delivered.add(outcome)
         level = logging.INFO if outcome == "delivered" else logging.ERROR
         log.log(level, f"outboxed submission {outcome}", extra={"task_id": item.task_id, "status": resp.status})
         return True
