@@ -1,7 +1,7 @@
 """The references the gateway is measured against, run as real processes like the product.
 
 - bare:           a Starlette app answering the same JSON a cache hit returns (the ceiling for a hit);
-- aiohttp_proxy:  the smallest useful proxy: one aiohttp session, path passed through;
+- aiohttp_proxy:  the smallest useful proxy: one aiohttp session, path and query passed through;
 - httpx_proxy:    the same with httpx's own pool (for the upstream client choice).
 
 `python -m benchmarks.reference_servers run --config FILE`, FILE naming kind, port, upstream, body.
@@ -46,7 +46,9 @@ def aiohttp_proxy(upstream: str) -> Any:
             await send({"type": "lifespan.shutdown.complete"})
             return
         headers = {k.decode(): v.decode() for k, v in scope["headers"] if k not in (b"host",)}
-        async with state["s"].get(upstream + scope["path"], headers=headers) as resp:
+        query = scope["query_string"].decode()
+        url = upstream + scope["path"] + (f"?{query}" if query else "")
+        async with state["s"].get(url, headers=headers) as resp:
             body = await resp.read()
             out = [(b"content-type", resp.headers.get("content-type", "application/json").encode())]
             await send({"type": "http.response.start", "status": resp.status, "headers": out})
@@ -90,7 +92,8 @@ def main() -> None:
         app = aiohttp_proxy(config["upstream"])
     else:
         app = httpx_proxy(config["upstream"])
-    uvicorn.run(app, host="127.0.0.1", port=config["port"], log_level="warning", access_log=False)
+    uvicorn.run(app, host="127.0.0.1", port=config["port"], log_level="warning", access_log=False,
+                loop="uvloop", http="httptools")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar, cast
 
 import uvicorn
@@ -14,6 +17,7 @@ from starlette.types import ASGIApp
 from exports_common import dev_mode, jsonlog
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.connection_limits import ConnectionLimits, bounded_http
+from exports_common.workers import METRICS_DIR_ENV, STARTUP_FAILURE, Supervisor, metrics_dir
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -44,13 +48,17 @@ def _restart_warnings(config: BaseModel, running_path: str, model: type[M]) -> l
 
 
 def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, str], ASGIApp],
-         argv: list[str] | None = None) -> int:
+         argv: list[str] | None = None, workers_refusal: Callable[[M, int], str | None] | None = None) -> int:
+    """`workers_refusal`: why this config cannot run N worker processes (None: it can); without it, one only."""
     parser = argparse.ArgumentParser(prog=prog)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="serve")
     run.add_argument("--config", default=default_config)
     run.add_argument("--host")
     run.add_argument("--port", type=int)
+    if workers_refusal is not None:
+        run.add_argument("--workers", type=int, default=1,
+                         help="worker processes serving one port (default 1; more need shared state, see README)")
     run.add_argument("--dev", action="store_true",
                      help=f"dev mode: accept the published demo secrets (same as {dev_mode.DEV_ENV}=1)")
     check = sub.add_parser("check-config", help="validate a config file and name every problem")
@@ -88,6 +96,12 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
     if unsafe and not dev_mode.dev_mode():
         print(dev_mode.refusal(unsafe), file=sys.stderr)
         return 2
+    workers = getattr(args, "workers", 1)
+    refusal = "--workers must be at least 1" if workers < 1 else (
+        workers_refusal(config, workers) if workers_refusal is not None and workers > 1 else None)
+    if refusal:
+        print(f"{prog}: {refusal}", file=sys.stderr)
+        return 2
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     config = config.model_copy(update=overrides)
     served = cast(Served, config)
@@ -98,7 +112,13 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
     limits = served.connection_limits
     # proxy_headers off: which forwarding headers to believe is the app's decision (trusted_proxies),
     # not uvicorn's, which believes any from loopback
-    uvicorn.run(make_app(config, path), host=served.host, port=served.port, log_config=None, access_log=False,
-                lifespan="on", http=bounded_http(limits, served.max_header_bytes), proxy_headers=False,
-                timeout_keep_alive=limits.keep_alive_sec)
-    return 0
+    server = uvicorn.Config(make_app(config, path), host=served.host, port=served.port, log_config=None,
+                            access_log=False, lifespan="on", http=bounded_http(limits, served.max_header_bytes),
+                            proxy_headers=False, timeout_keep_alive=limits.keep_alive_sec)
+    if workers == 1:
+        os.environ.pop(METRICS_DIR_ENV, None)  # one process answers for itself: no other run's files merged in
+        single = uvicorn.Server(server)
+        single.run()
+        return 0 if single.started else STARTUP_FAILURE
+    with metrics_dir(Path(tempfile.gettempdir()) / f"{prog}-metrics-{os.getpid()}"):
+        return Supervisor(server, workers).run()

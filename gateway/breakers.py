@@ -148,6 +148,11 @@ class Breaker:
                            "parameters", max(1, round(retry_after)), data={"reason": "tenant_circuit_open"})
 
     def record(self, failed: bool) -> None:
+        if not failed and self.cb.fail_counter == 0 and self.cb.current_state == "closed":
+            # all pybreaker would do with it is restart a run of failures that is already at zero (a closed
+            # state has no hook for a success; the listener reports state changes only): its call machinery,
+            # twice per proxied call, cost more than the rest of the breaker
+            return
         try:
             with self.cb.calling():
                 if failed:

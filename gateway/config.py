@@ -337,3 +337,18 @@ class GatewayConfig(Strict):
                     raise ValueError(f"routes {first[0]!r} and {route.name!r} configure {name} of upstream "
                                      f"{route.upstream!r} differently; it is one per upstream: give both the same")
         return self
+
+
+def workers_refusal(config: GatewayConfig, workers: int) -> str | None:
+    """Why `run --workers N` cannot serve this config, with what to set; None when it can.
+
+    The embedded default keeps the status cache and the limits in process memory and the
+    idempotency keys and outbox in a local SQLite file: N workers would each keep their own.
+    """
+    if not config.redis_url:
+        return (f"--workers {workers} needs redis_url (REDIS_URL): without Redis the status cache, the tenant "
+                "limits, idempotency keys and the outbox live in one process; run one worker, or set REDIS_URL")
+    if config.gateway_processes < workers:
+        return (f"--workers {workers} needs gateway_processes (GATEWAY_PROCESSES) >= {workers}: with Redis "
+                "unreachable each process enforces limit / gateway_processes, so count every worker of every host")
+    return None

@@ -22,9 +22,14 @@ GATEWAY_OWNED = frozenset({
 })
 
 
-def _dropped(headers: list[tuple[str, str]], extra: frozenset[str]) -> set[str]:
+_DROPPED_UPSTREAM = HOP_BY_HOP | GATEWAY_OWNED
+_DROPPED_CLIENT = HOP_BY_HOP | {"date", "server"}
+
+
+def _dropped(headers: list[tuple[str, str]], always: frozenset[str]) -> frozenset[str]:
+    """`always`, plus the names a `Connection` header lists (hop-by-hop too); most requests have none."""
     named = {t.strip().lower() for k, v in headers if k == "connection" for t in v.split(",")}
-    return set(HOP_BY_HOP) | named | set(extra)
+    return always | named if named else always
 
 
 def upstream_headers(ctx: RequestContext, trusted: TrustedProxies) -> list[tuple[str, str]]:
@@ -36,7 +41,7 @@ def upstream_headers(ctx: RequestContext, trusted: TrustedProxies) -> list[tuple
     scope = ctx.request.scope
     incoming = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
     # a header the context sets replaces the client's (a call of the gateway's own sets its content-type)
-    drop = _dropped(incoming, GATEWAY_OWNED) | ctx.upstream_headers.keys()
+    drop = _dropped(incoming, _DROPPED_UPSTREAM) | ctx.upstream_headers.keys()
     from_proxy = trusted.trusts(scope)
     out, chain = [], ""
     for key, value in incoming:
@@ -64,5 +69,5 @@ def upstream_headers(ctx: RequestContext, trusted: TrustedProxies) -> list[tuple
 
 def client_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
     # the gateway's own server adds date and server
-    drop = (_dropped(headers, frozenset({"date", "server"}))) - {"content-length"}
+    drop = _dropped(headers, _DROPPED_CLIENT) - {"content-length"}
     return [(k, v) for k, v in headers if k not in drop]

@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from exports_common.otel import TracingConfig
+from gateway import worker_metrics
 from gateway.tracing import ServerTrace, Tracing, inject, setup_tracing
 
 __all__ = ["Metrics", "ServerTrace", "Tracing", "inject", "prometheus_text", "setup"]
@@ -200,4 +201,7 @@ def setup(service_name: str, tracing: TracingConfig) -> tuple[Metrics, Tracing]:
 
 
 def prometheus_text(metrics: Metrics) -> tuple[bytes, str]:
-    return generate_latest(metrics.registry), CONTENT_TYPE_LATEST
+    """This process's metrics; with `run --workers N`, every worker's (gateway.worker_metrics)."""
+    where = worker_metrics.directory()
+    registry = metrics.registry if where is None else worker_metrics.merged_registry(metrics.registry, where)
+    return generate_latest(registry), CONTENT_TYPE_LATEST

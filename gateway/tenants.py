@@ -32,11 +32,20 @@ class Limits:
 class TenantDirectory:
     def __init__(self, key_hashes: dict[str, list[str]], limits: Limits | None = None) -> None:
         self._by_hash = {h.lower(): tenant for tenant, hashes in key_hashes.items() for h in hashes}
+        # valid keys already seen, so that a request (judged by rate_limit, then auth) hashes its key once at
+        # most: only keys that matched are kept, so its size is bounded by the configured keys, never by
+        # what clients send; it lives as long as this config (a reload builds a new directory)
+        self._known: dict[str, str] = {}
         self.limits = limits or Limits()
 
     def lookup(self, api_key: str) -> str | None:
-        # the lookup is by hash: its timing tells nothing about the key itself
-        return self._by_hash.get(hash_key(api_key))
+        tenant = self._known.get(api_key)
+        if tenant is None:
+            # the lookup is by hash: its timing tells nothing about the key itself
+            tenant = self._by_hash.get(hash_key(api_key))
+            if tenant is not None and len(self._known) < len(self._by_hash):
+                self._known[api_key] = tenant
+        return tenant
 
     def bearer(self, authorization: str) -> str | None:
         """The tenant an `Authorization: Bearer <key>` header names, or None."""

@@ -76,13 +76,21 @@ class AiohttpUpstream:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _classify(exc) from exc
         out_headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in resp.raw_headers]
-        return GatewayResponse(resp.status, out_headers, stream=self._body(resp), release=resp.release)
+        return GatewayResponse(resp.status, out_headers, stream=self._body(resp), release=resp.release,
+                               whole=lambda: self._whole(resp))
 
     @staticmethod
     async def _body(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         try:
             async for chunk in resp.content.iter_chunked(CHUNK):
                 yield chunk
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise _classify(exc) from exc
+
+    @staticmethod
+    async def _whole(resp: aiohttp.ClientResponse) -> bytes:
+        try:
+            return await resp.read()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _classify(exc) from exc
 

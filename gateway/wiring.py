@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import logging
 import signal
@@ -16,7 +17,7 @@ from typing import AsyncIterator
 from exports_common import dev_mode, otel, periodic
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.signing import DownloadSigner
-from gateway import config_watch, telemetry
+from gateway import config_watch, telemetry, worker_metrics
 from gateway.breakers import Breakers
 from gateway.config import GatewayConfig
 from gateway.limiter import Limiter
@@ -125,8 +126,14 @@ async def running(holder: RuntimeHolder) -> AsyncIterator[None]:
     services = open_services(holder.initial_config)
     holder.observe(services)
     holder.apply(build_runtime(holder.initial_config, services))
+    # what start-up built (modules, config, plugin chains) lives as long as the process: kept out of every
+    # later collection, so that a full one walks only what requests left, which shortens the pauses in p99
+    gc.freeze()
     # the plugins' background work (the outbox's drainer) runs on whatever services are in force
     background = [work for plugin in PLUGINS.values() for work in plugin.background(lambda: holder.runtime.services)]
+    # one of several workers (run --workers N): its figures published for whichever worker is scraped
+    if (where := worker_metrics.directory()) is not None:
+        background.append(worker_metrics.publish_forever(services.metrics.registry, where))
     reloads: set[asyncio.Task[Reload]] = set()  # held until done: the loop keeps tasks weakly
 
     def on_sighup() -> None:

@@ -85,10 +85,11 @@ def gateway_config(workdir: Path, backend_url: str, redis_url: str = "", **overr
 def _starter(workdir: Path) -> Iterator[Callable[..., Service]]:
     started: list[Service] = []
 
-    def start(module: str, config: dict[str, Any], name: str | None = None, **env: str) -> Service:
+    def start(module: str, config: dict[str, Any], name: str | None = None, args: tuple[str, ...] = (),
+              **env: str) -> Service:
         if module == "gateway":
             env = RAISED_LIMITS | env
-        service = Service(module, config, workdir, name or f"{module}-{len(started)}", env=env).start()
+        service = Service(module, config, workdir, name or f"{module}-{len(started)}", env=env, args=args).start()
         started.append(service)
         return service
 

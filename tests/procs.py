@@ -58,8 +58,9 @@ class Service:
     """One server process; `url` once it answers on /healthz."""
 
     def __init__(self, module: str, config: dict[str, Any], workdir: Path, name: str,
-                 env: dict[str, str] | None = None, root: Path = ROOT) -> None:
+                 env: dict[str, str] | None = None, root: Path = ROOT, args: tuple[str, ...] = ()) -> None:
         self.module = module
+        self.args = args  # after `run --config FILE`, e.g. ("--workers", "2")
         # another checkout (a benchmark's "before"): its own code, run by its own virtualenv
         self.root = root
         self.python = str(root / ".venv" / "bin" / "python") if root != ROOT else sys.executable
@@ -82,7 +83,7 @@ class Service:
         self.write_config()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [self.python, "-m", self.module, "run", "--config", str(self.config_path)],
+            [self.python, "-m", self.module, "run", "--config", str(self.config_path), *self.args],
             cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()

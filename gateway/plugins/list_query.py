@@ -6,6 +6,7 @@ and never counts toward a breaker; what goes upstream is the checked query, re-e
 from __future__ import annotations
 
 from typing import ClassVar
+from urllib.parse import parse_qsl
 
 from exports_common.list_query import check_list_query
 from gateway.context import RequestContext
@@ -23,5 +24,7 @@ class ListQuery(PluginBase[ListQuerySettings]):
     provides: ClassVar[frozenset[str]] = frozenset({"query"})
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        ctx.query = check_list_query(ctx.request.query_params.multi_items()).encode()
+        # parsed as Starlette's query_params would be, without building its multi-dict for one pass
+        raw = ctx.request.scope["query_string"].decode("latin-1")
+        ctx.query = check_list_query(parse_qsl(raw, keep_blank_values=True)).encode()
         return await self.next(ctx)

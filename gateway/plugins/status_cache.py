@@ -22,6 +22,10 @@ from gateway.response import GatewayResponse, freeze, thaw
 from gateway.services import Services
 from gateway.telemetry import Tally
 
+# decoded answers kept per route, so that a hit decodes nothing; more than this many entries hit lately
+# empties it (an entry costs its answer's size once more)
+DECODED_ENTRIES = 1024
+
 
 class StatusCacheSettings(Settings):
     ttl_sec: float = Field(5.0, gt=0, le=3600)
@@ -66,6 +70,8 @@ class StatusCache(PluginBase[StatusCacheSettings]):
         for result in ("hit", "miss", "coalesced"):
             self.lookups.seed(self.route, result)
         self._in_flight: dict[str, asyncio.Future[bytes]] = {}
+        # key -> (the stored bytes it was decoded from, the answer): valid while the store returns those bytes
+        self._decoded: dict[str, tuple[bytes, GatewayResponse]] = {}
 
     @classmethod
     async def stats(cls, services: Services) -> dict[str, Any]:
@@ -79,7 +85,7 @@ class StatusCache(PluginBase[StatusCacheSettings]):
         raw = await self.store.get(key)
         if raw is not None:
             self.lookups.add(self.route, "hit")
-            return _answer(raw, "HIT")
+            return self._hit(key, raw)
         while (leader := self._in_flight.get(key)) is not None:
             try:
                 shared = await asyncio.shield(leader)
@@ -91,6 +97,14 @@ class StatusCache(PluginBase[StatusCacheSettings]):
                 # the leader's client went away: follow the next leader, or become it
         self.lookups.add(self.route, "miss")
         return _answer(await self._fetch(ctx, key), "MISS")
+
+    def _hit(self, key: str, raw: bytes) -> GatewayResponse:
+        decoded = self._decoded.get(key)
+        if decoded is None or decoded[0] != raw:
+            if len(self._decoded) >= DECODED_ENTRIES:
+                self._decoded.clear()
+            decoded = self._decoded[key] = (raw, _answer(raw, "HIT"))
+        return decoded[1].copy()
 
     async def _fetch(self, ctx: RequestContext, key: str) -> bytes:
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()

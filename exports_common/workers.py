@@ -1,0 +1,137 @@
+"""`run --workers N`: one listening socket, N forked uvicorn servers accepting on it, kept running.
+
+uvicorn's own `--workers` supervisor starts its children with multiprocessing's
+`spawn`, which pickles the server config: the bounded protocol class
+(exports_common.connection_limits, built per config) and the app object do not
+pickle, so that supervisor would lose the connection limits. Forking after the
+socket is bound keeps both: each child inherits the socket, the app and the
+protocol class as they are, and runs an ordinary `uvicorn.Server`.
+
+The parent only supervises. SIGTERM / SIGINT stop every worker gracefully (then
+kill after the grace period); SIGHUP is passed on to each worker (the gateway
+reloads its config on it); a worker that dies unexpectedly is started again,
+at most once a second.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Iterator
+
+import uvicorn
+
+log = logging.getLogger("workers")
+# where each worker publishes its metrics for the one that is scraped (gateway.worker_metrics)
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+RESTART_DELAY_SEC = 1.0
+STARTUP_FAILURE = 3  # uvicorn's exit code when a server could not start (e.g. its lifespan failed)
+STOP_GRACE_SEC = 15.0
+
+
+@contextlib.contextmanager
+def metrics_dir(default: Path) -> Iterator[Path]:
+    """An empty directory for this run's worker metrics: $PROMETHEUS_MULTIPROC_DIR if set, else `default`.
+
+    Emptied at start: a previous run's files would add a dead process's counts to this one's.
+    `default` (a directory of this run's own) is removed at the end.
+    """
+    given = os.environ.get(METRICS_DIR_ENV)
+    path = Path(given or default)
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, mode=0o700)
+    os.environ[METRICS_DIR_ENV] = str(path)
+    try:
+        yield path
+    finally:
+        if not given:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class Supervisor:
+    def __init__(self, config: uvicorn.Config, workers: int) -> None:
+        self.config = config
+        self.workers = workers
+        self.children: dict[int, float] = {}  # pid -> start time
+        self.stopping = False
+        self.failed = False
+        self.sock: socket.socket | None = None
+
+    def run(self) -> int:
+        self.sock = self.config.bind_socket()
+        self.sock.set_inheritable(True)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        try:
+            for _ in range(self.workers):
+                self._spawn()
+            log.info("serving with worker processes", extra={"workers": self.workers,
+                                                             "pids": sorted(self.children)})
+            while self.children:
+                self._reap()
+                time.sleep(0.2)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.sock.close()
+        return STARTUP_FAILURE if self.failed else 0
+
+    def _spawn(self) -> None:
+        assert self.sock is not None
+        pid = os.fork()
+        if pid == 0:  # the worker: uvicorn installs its own SIGTERM / SIGINT handling
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            code = STARTUP_FAILURE
+            try:
+                server = uvicorn.Server(self.config)
+                server.run(sockets=[self.sock])
+                code = 0 if server.started else STARTUP_FAILURE
+            finally:
+                os._exit(code)
+        self.children[pid] = time.monotonic()
+
+    def _reap(self) -> None:
+        while self.children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                return
+            started = self.children.pop(pid, None)
+            if started is None or self.stopping:
+                continue
+            if os.WIFEXITED(status) and os.WEXITSTATUS(status) == STARTUP_FAILURE:
+                # the next would fail the same way: the whole server stops, as a single process would
+                log.error("a worker process could not start; stopping", extra={"pid": pid})
+                self.failed = True
+                self._on_signal(signal.SIGTERM, None)
+                return
+            log.error("a worker process exited; starting another",
+                      extra={"pid": pid, "exit": os.waitstatus_to_exitcode(status)})
+            time.sleep(max(0.0, started + RESTART_DELAY_SEC - time.monotonic()))  # no crash loop at full speed
+            self._spawn()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            self._signal_all(signal.SIGHUP)
+            return
+        if self.stopping:
+            return
+        self.stopping = True
+        self._signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SEC
+        while self.children and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.05)
+        self._signal_all(signal.SIGKILL)
+
+    def _signal_all(self, sig: int) -> None:
+        for pid in list(self.children):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                self.children.pop(pid, None)

@@ -1,0 +1,213 @@
+"""`run --workers 2` on Redis: both workers serve, share what must be shared, report and reload as one.
+
+Which worker answers a new connection is the kernel's choice; to aim a request at one
+worker, the other is stopped (SIGSTOP) meanwhile: the connection then waits in the
+shared accept queue only the running one takes from.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
+from tests.helpers import wait_status
+from tests.procs import ROOT, RedisServer, Service, wait_until
+
+pytestmark = pytest.mark.workers
+
+API = "/api/v1/exports"
+AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@dataclass
+class Stack:
+    gateway: Service
+    backend: Service
+
+    def workers(self) -> list[int]:
+        assert self.gateway.proc is not None
+        pid = self.gateway.proc.pid
+        return sorted(int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+
+    @contextlib.contextmanager
+    def only(self, worker: int) -> Iterator[None]:
+        """Every new connection is served by `worker` meanwhile (the others are stopped)."""
+        others = [pid for pid in self.workers() if pid != worker]
+        for pid in others:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in others:
+                os.kill(pid, signal.SIGCONT)
+
+    def pid_serving(self) -> int:
+        return int(httpx.get(f"{self.gateway.url}/admin/stats", headers=ADMIN, timeout=5).json()["data"]["pid"])
+
+
+@pytest.fixture(scope="module")
+def stack(module_services: Callable[..., Service], redis_server: RedisServer,
+          tmp_path_factory: pytest.TempPathFactory) -> Stack:
+    workdir = tmp_path_factory.mktemp("workers")
+    backend = module_services("backend_stub", backend_config(workdir, redis_server.url, redis_prefix="wk"))
+    config = gateway_config(workdir, backend.url, redis_server.url, redis_prefix="wk", gateway_processes=2)
+    gateway = module_services("gateway", config, "gateway-2w", args=("--workers", "2"))
+    s = Stack(gateway, backend)
+    wait_until(lambda: len(s.workers()) == 2, 20, what="two worker processes")
+    return s
+
+
+def test_each_worker_serves_on_the_one_port(stack: Stack) -> None:
+    for worker in stack.workers():
+        with stack.only(worker):
+            assert stack.pid_serving() == worker
+
+
+def test_idempotency_keys_and_the_status_cache_are_shared_by_the_workers(stack: Stack) -> None:
+    first, second = stack.workers()
+    key = {"Idempotency-Key": f"workers-{time.time_ns()}"}
+    body = {"export_type": "report_export"}
+    with stack.only(first):
+        created = httpx.post(f"{stack.gateway.url}{API}", json=body, headers=AUTH | key, timeout=10)
+    with stack.only(second):
+        replayed = httpx.post(f"{stack.gateway.url}{API}", json=body, headers=AUTH | key, timeout=10)
+    assert created.status_code == replayed.status_code == 202
+    assert replayed.headers["idempotent-replayed"] == "true"
+    assert replayed.json()["data"]["task_id"] == created.json()["data"]["task_id"]
+
+    task_id = created.json()["data"]["task_id"]
+    wait_status(stack.backend.url, task_id, headers={"X-Tenant-Id": "demo"})
+    with stack.only(second):
+        miss = httpx.get(f"{stack.gateway.url}{API}/{task_id}", headers=AUTH, timeout=10)
+    with stack.only(first):
+        hit = httpx.get(f"{stack.gateway.url}{API}/{task_id}", headers=AUTH, timeout=10)
+    assert (miss.headers["x-cache"], hit.headers["x-cache"]) == ("MISS", "HIT")
+    assert hit.json() == miss.json()
+
+
+def _route_requests(text: str, route: str) -> float:
+    prefix = f'gateway_requests_total{{route="{route}",status="404"}} '
+    return sum(float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_metrics_count_every_workers_requests_whichever_is_scraped(stack: Stack) -> None:
+    first, second = stack.workers()
+    missing = f"{stack.gateway.url}{API}/exp_{'0' * 26}"  # a 404 from the backend, counted on the status route
+
+    def scraped() -> float:
+        return _route_requests(httpx.get(f"{stack.gateway.url}/metrics", timeout=5).text, "status")
+
+    before = scraped()
+    with stack.only(first):
+        for _ in range(3):
+            assert httpx.get(missing, headers=AUTH, timeout=10).status_code == 404
+    with stack.only(second):
+        for _ in range(2):
+            assert httpx.get(missing, headers=AUTH, timeout=10).status_code == 404
+    # the other worker's figures are published once a second
+    wait_until(lambda: scraped() - before == 5, 10, what="/metrics to count both workers' 5 requests")
+    for worker in (first, second):
+        with stack.only(worker):
+            assert scraped() - before == 5
+    gauges = httpx.get(f"{stack.gateway.url}/metrics", timeout=5).text
+    assert sum(line.startswith("gateway_config_info{") for line in gauges.splitlines()) == 1
+
+
+def test_sighup_to_the_supervisor_leaves_every_worker_serving(stack: Stack) -> None:
+    """Each worker handles SIGHUP (a reload, tested on one process elsewhere); the signal must not end them."""
+    workers = stack.workers()
+    for pid in workers:
+        caught = int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if line.startswith("SigCgt:")), 16)
+        assert caught & (1 << (signal.SIGHUP - 1)), f"worker {pid} does not handle SIGHUP"
+    stack.gateway.signal(signal.SIGHUP)
+    for worker in workers:
+        with stack.only(worker):
+            assert stack.pid_serving() == worker
+    assert stack.workers() == workers
+
+
+def test_a_config_change_reaches_every_worker(stack: Stack) -> None:
+    config = yaml.safe_load(stack.gateway.config_path.read_text())
+    config["tenants"]["workers_probe"] = {"api_key_hashes": ["sha256:" + "ab" * 32]}
+    stack.gateway.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def tenants() -> set[str]:
+        return set(httpx.get(f"{stack.gateway.url}/admin/routes", headers=ADMIN, timeout=5).json()["data"]["tenants"])
+
+    for worker in stack.workers():
+        with stack.only(worker):
+            wait_until(lambda: "workers_probe" in tenants(), 10, what=f"worker {worker} to reload")
+
+
+def test_connection_limits_hold_in_every_worker(stack: Stack) -> None:
+    for worker in stack.workers():
+        with stack.only(worker), socket.create_connection(("127.0.0.1", stack.gateway.port), timeout=10) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(150))
+                         + b"\r\n")
+            assert sock.recv(64).startswith(b"HTTP/1.1 431 ")
+
+
+def test_a_killed_worker_is_replaced_and_the_other_serves_meanwhile(stack: Stack) -> None:
+    victim, survivor = stack.workers()
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: not Path(f"/proc/{victim}").exists() or "Z" in Path(f"/proc/{victim}/stat").read_text()
+               .split(")")[-1].split()[0], 10, what="the killed worker to be gone")
+    assert stack.pid_serving() != victim  # the survivor (or already the replacement) answers meanwhile
+    replaced = wait_until(lambda: len(stack.workers()) == 2 and victim not in stack.workers() and stack.workers(),
+                          15, what="a new worker in place of the killed one")
+    newcomer = next(pid for pid in replaced if pid != survivor)
+    with stack.only(newcomer):
+        wait_until(lambda: stack.pid_serving() == newcomer, 15, what="the new worker to serve")
+
+
+def test_workers_without_redis_are_refused_with_what_to_set(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(gateway_config(tmp_path, "http://127.0.0.1:9")))
+    run = subprocess.run([sys.executable, "-m", "gateway", "run", "--config", str(path), "--workers", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert run.returncode == 2
+    assert "needs redis_url (REDIS_URL)" in run.stderr
+
+
+def test_merged_metrics_keep_a_dead_workers_counts_but_not_its_gauges(tmp_path: Path) -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gateway import worker_metrics
+    from gateway.telemetry import Metrics
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid names no process now
+    own = Metrics()
+    own.config_reloads.add("applied")
+    own.observe_gauge("gateway_retries_in_flight", "d", lambda: [(1.0, {"upstream": "exports"})])
+    own.observe_gauge("gateway_breaker_state", "d", lambda: [(0.0, {"upstream": "exports"})])
+    snapshot = [["gateway_config_reloads", "counter", "d",
+                 [["gateway_config_reloads_total", {"outcome": "applied"}, 2]]],
+                ["gateway_breaker_state", "gauge", "d", [["gateway_breaker_state", {"upstream": "exports"}, 2]]]]
+    (tmp_path / f"{dead.pid}.json").write_text(json.dumps(snapshot))
+    sibling = [["gateway_retries_in_flight", "gauge", "d", [["gateway_retries_in_flight", {"upstream": "exports"}, 2]]],
+               ["gateway_breaker_state", "gauge", "d", [["gateway_breaker_state", {"upstream": "exports"}, 1]]]]
+    (tmp_path / f"{os.getppid()}.json").write_text(json.dumps(sibling))  # a live process stands in for a worker
+
+    text = generate_latest(worker_metrics.merged_registry(own.registry, tmp_path)).decode()
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.labels.get("outcome", "applied") == "applied" and s.labels.get("upstream", "exports") == "exports"}
+    assert samples["gateway_config_reloads_total"] == 3  # 1 here + 2 of the dead worker: a total never goes down
+    assert samples["gateway_breaker_state"] == 1  # the worst of the live workers; the dead one's 2 is gone
+    assert samples["gateway_retries_in_flight"] == 3  # summed
