@@ -8,21 +8,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    create_model,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from exports_common import dev_mode
 from exports_common.connection_limits import ConnectionLimits, networks
 from exports_common.otel import TracingConfig
 from gateway.limiter import Quota
-from gateway.plugins import PLUGINS
+from gateway.plugin_config import PluginUse, validate_entries
+from gateway.plugin_registry import registry
 from gateway.tenants import Limits, TenantLimits
 
 HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
@@ -33,26 +26,8 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _one_plugin(self: BaseModel) -> BaseModel:
-    chosen = [name for name in type(self).model_fields if getattr(self, name) is not None]
-    if len(chosen) != 1:
-        raise ValueError(f"each plugin entry names exactly one plugin (one of {sorted(PLUGINS)})")
-    return self
-
-
-# Fields are named p_<plugin> with the plugin's name as alias: a plugin called
-# `validate` must not shadow BaseModel.validate.
-PluginEntry: type[BaseModel] = create_model(  # type: ignore[call-overload]
-    "PluginEntry",
-    __config__=ConfigDict(extra="forbid"),
-    __validators__={"one_plugin": model_validator(mode="after")(_one_plugin)},
-    **{f"p_{name}": (cls.Settings | None, Field(None, alias=name)) for name, cls in PLUGINS.items()},
-)
-
-
-def plugin_of(entry: BaseModel) -> tuple[str, BaseModel]:
-    field = next(n for n in type(entry).model_fields if getattr(entry, n) is not None)
-    return field.removeprefix("p_"), getattr(entry, field)
+def plugin_of(entry: PluginUse) -> tuple[str, BaseModel]:
+    return entry.name, entry.settings
 
 
 class TimeoutsConfig(Strict):
@@ -98,15 +73,12 @@ class RouteConfig(Strict):
     upstream: str
     rewrite: str | None = Field(None, description="upstream path; may use the path's {params}")
     max_body_bytes: int = Field(1_048_576, ge=0, description="a bigger request body gets 413")
-    plugins: list[PluginEntry] = Field(default_factory=list)
+    plugins: list[PluginUse] = Field(default_factory=list)
 
     @field_validator("plugins", mode="before")
     @classmethod
-    def _shorthand(cls, value: Any) -> Any:
-        # `- auth` is short for `- auth: {}`
-        if isinstance(value, list):
-            return [{item: {}} if isinstance(item, str) else item for item in value]
-        return value
+    def _plugins(cls, value: Any, info: ValidationInfo) -> list[PluginUse]:
+        return validate_entries(value, info.data.get("name", "?"))
 
     @field_validator("methods")
     @classmethod
@@ -128,7 +100,7 @@ class RouteConfig(Strict):
         task_id_at = names.index("task_id")
         prefix = getattr(entries[task_id_at][1], "prefix", None)
         for at, (name, settings) in enumerate(entries):
-            if "task_id" not in getattr(PLUGINS[name], "provides", ()):
+            if "task_id" not in getattr(registry().get(name), "provides", ()):
                 continue
             if at > task_id_at:
                 raise ValueError(f"{name} fixes the task id, so it must come before task_id in route {self.name!r}")

@@ -12,7 +12,7 @@ from exports_common.signing import DownloadSigner
 from gateway.config import GatewayConfig, RouteConfig, UpstreamConfig, plugin_of
 from gateway.context import Handler
 from gateway.forwarding import TrustedProxies
-from gateway.plugins import PLUGINS
+from gateway.plugin_registry import registry
 from gateway.proxy import Proxy
 from gateway.router import Router
 from gateway.services import Services, Upstream
@@ -46,7 +46,7 @@ def build_chain(route: RouteConfig, services: Services) -> Handler:
     handler: Handler = Proxy(services.upstreams[route.upstream], services, route.max_body_bytes)
     for entry in reversed(route.plugins):
         name, settings = plugin_of(entry)
-        handler = PLUGINS[name](handler, settings, services, route.name)
+        handler = registry().get(name)(handler, settings, services, route.name)
     return handler
 
 
