@@ -1,0 +1,121 @@
+"""The per-request path: match a route, run its plugin chain, map what went wrong to an error envelope.
+
+Everything here runs on the one Runtime that was in force when the request
+arrived, so a reload never changes a request halfway through.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import random
+import re
+import time
+
+from redis.exceptions import RedisError
+from starlette.requests import ClientDisconnect, Request
+from starlette.types import Scope
+
+from exports_common.errors import ApiError, ErrorKind, unavailable
+from exports_common.jsonlog import request_id_var, task_id_var, trace_id_var
+from exports_common.redis_client import store_unavailable
+from gateway import access_log
+from gateway.context import RequestContext
+from gateway.response import GatewayResponse
+from gateway.runtime import Runtime
+from gateway.upstream import UpstreamError
+
+log = logging.getLogger("gateway")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# nginx's status for a request whose client closed the connection first: counted, never sent
+CLIENT_CLOSED = 499
+
+
+@functools.lru_cache(maxsize=64)
+def _circuit_open(retry_after_sec: int) -> GatewayResponse:
+    # an open breaker refuses a flood of calls with a few dozen distinct answers: each is encoded once
+    return GatewayResponse.error(unavailable("the upstream is failing and its circuit breaker is open",
+                                             retry_after_sec, data={"reason": "circuit_open"}))
+
+
+def upstream_error(exc: UpstreamError) -> GatewayResponse:
+    if exc.kind == "circuit_open":
+        return _circuit_open(math.ceil(exc.retry_after or 1)).copy()
+    if exc.kind == "timeout":
+        return GatewayResponse.error(ApiError(ErrorKind.UPSTREAM_TIMEOUT))
+    return GatewayResponse.error(ApiError(ErrorKind.UPSTREAM_UNREACHABLE, data={"reason": exc.kind}))
+
+
+def refuse_headers(runtime: Runtime, scope: Scope) -> GatewayResponse | None:
+    limit = runtime.config.max_header_bytes
+    if sum(len(k) + len(v) for k, v in scope["headers"]) <= limit:
+        return None
+    return GatewayResponse.error(ApiError(ErrorKind.HEADERS_TOO_LARGE, f"request headers must total at most "
+                                                                       f"{limit} bytes"))
+
+
+async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
+    method, path = request.method, request.scope["path"]
+    match = runtime.router.match(method, path)
+    if isinstance(match, list):
+        if match:
+            return GatewayResponse.error(
+                ApiError(ErrorKind.METHOD_NOT_ALLOWED, headers={"Allow": ", ".join(match)}))
+        return GatewayResponse.error(ApiError(ErrorKind.NOT_FOUND, f"no route for {path}"))
+    route = match.route
+    supplied = request.headers.get("x-request-id", "")
+    ctx = RequestContext(
+        request=request, method=method, route_name=route.name, upstream=route.upstream,
+        upstream_path=match.upstream_path(path), params=match.params,
+        request_id=supplied if _REQUEST_ID.match(supplied) else f"{random.getrandbits(128):032x}",
+    )
+    services = runtime.services
+    started = time.perf_counter()
+    request_id_var.set(ctx.request_id)
+    with services.tracing.server(f"{method} {route.path}", request.headers,
+                                 {"http.route": route.path, "gateway.route": route.name},
+                                 request.scope.get("client")) as request_trace:
+        trace_id_var.set(request_trace.trace_id)
+        resp = await _run_chain(runtime, ctx)
+        request_trace.span.set_attribute("http.response.status_code", resp.status)
+    for name, value in ctx.response_headers.items():
+        resp.set_header(name, value)
+    resp.set_header("x-request-id", ctx.request_id)
+    elapsed = time.perf_counter() - started
+    services.metrics.requests.record(elapsed, route.name, method, route.path, str(resp.status))
+    if runtime.config.access_log:
+        access_log.write(ctx, resp, elapsed, request_trace.trace_id)
+    return resp
+
+
+async def _run_chain(runtime: Runtime, ctx: RequestContext) -> GatewayResponse:
+    token = task_id_var.set(ctx.params.get("task_id"))
+    try:
+        return await runtime.chains[ctx.route_name](ctx)
+    except ApiError as exc:
+        return GatewayResponse.error(exc)
+    except UpstreamError as exc:
+        if exc.kind != "circuit_open":  # an open breaker is logged when it opens, not for every refusal
+            log.warning("upstream failed", extra={"route": ctx.route_name, "error": str(exc)})
+        return upstream_error(exc)
+    except RedisError as exc:
+        log.warning("shared state unavailable; answered 503", extra={"route": ctx.route_name, "error": str(exc)})
+        return GatewayResponse.error(store_unavailable(exc))
+    except Exception as exc:
+        if _client_went_away(exc):
+            log.info("the client went away before its request was read", extra={"route": ctx.route_name})
+            return GatewayResponse(CLIENT_CLOSED)
+        log.exception("request failed inside the gateway", extra={"route": ctx.route_name})
+        return GatewayResponse.error(ApiError(ErrorKind.INTERNAL))
+    finally:
+        task_id_var.reset(token)
+
+
+def _client_went_away(exc: BaseException | None) -> bool:
+    """Whether the client's disconnect is what stopped the request (perhaps wrapped by the upstream client)."""
+    seen = 0
+    while exc is not None and seen < 5:
+        if isinstance(exc, ClientDisconnect):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False

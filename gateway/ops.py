@@ -1,0 +1,139 @@
+"""The operations endpoints: health, readiness, metrics, OpenAPI, and the admin API.
+
+They read the Runtime in force through the holder, never a copy, so after a
+reload they describe the new config.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import os
+import socket
+from urllib.parse import urlsplit
+
+from redis.exceptions import RedisError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from exports_common.envelope import ok
+from exports_common.errors import ApiError, ErrorKind
+from gateway import openapi, telemetry
+from gateway.admin_recovery import AdminRecovery
+from gateway.plugins.rate_limit import check_address
+from gateway.wiring import RuntimeHolder
+
+OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+
+
+def is_ops_path(path: str) -> bool:
+    return path in OPS_PATHS or path.startswith("/admin/")
+
+
+class OpsEndpoints:
+    def __init__(self, holder: RuntimeHolder) -> None:
+        self.holder = holder
+        self.export_types = openapi.ExportTypesSource()
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
+            Route("/admin/routes", self.admin_routes, methods=["GET"]),
+            Route("/admin/breakers", self.admin_breakers, methods=["GET"]),
+            Route("/admin/stats", self.admin_stats, methods=["GET"]),
+            Route("/admin/reload", self.admin_reload, methods=["POST"]),
+            *AdminRecovery(lambda: self.holder.runtime.services, self.require_admin, self._recovery_upstream).routes(),
+        ]
+
+    def require_admin(self, request: Request) -> None:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        expected = self.holder.runtime.config.admin_token
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+            raise ApiError(ErrorKind.UNAUTHORIZED, "send the admin token as 'Authorization: Bearer <token>'",
+                           headers={"WWW-Authenticate": 'Bearer realm="admin"'})
+
+    async def healthz(self, request: Request) -> Response:
+        return ok({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        runtime = self.holder.runtime
+        problems = []
+        loop = asyncio.get_running_loop()
+        for name, upstream in runtime.services.upstreams.items():
+            for endpoint in upstream.pool.endpoints:
+                host = urlsplit(endpoint.url).hostname or ""
+                try:
+                    await asyncio.wait_for(loop.getaddrinfo(host, None, type=socket.SOCK_STREAM), 2.0)
+                except (TimeoutError, OSError):
+                    problems.append(f"upstream {name}: cannot resolve {host}")
+        redis = runtime.services.state.redis
+        if redis is not None:
+            try:
+                await asyncio.wait_for(redis.ping(), 2.0)
+            except (TimeoutError, RedisError) as exc:
+                problems.append(f"redis: {type(exc).__name__}")
+        if problems:
+            raise ApiError(ErrorKind.UNAVAILABLE, "not ready: " + "; ".join(problems), data={"problems": problems},
+                           headers={"Retry-After": "5"})
+        return ok({"status": "ready", "routes": len(runtime.config.routes)})
+
+    async def openapi(self, request: Request) -> Response:
+        runtime = self.holder.runtime
+        await check_address(runtime.services, request.scope)
+        types = await self.export_types.get(runtime)
+        return Response(json.dumps(openapi.build(runtime.config, types)), media_type="application/json")
+
+    async def metrics(self, request: Request) -> Response:
+        runtime = self.holder.runtime
+        if runtime.config.metrics_auth == "admin_token":
+            self.require_admin(request)
+        services = runtime.services
+        with contextlib.suppress(Exception):  # a store that does not answer leaves the last depth read
+            services.metrics.async_values["outbox_depth"] = float(await services.outbox.size())
+        body, content_type = telemetry.prometheus_text(services.metrics)
+        return Response(body, media_type=content_type)
+
+    async def admin_routes(self, request: Request) -> Response:
+        self.require_admin(request)
+        config = self.holder.runtime.config.model_dump(mode="json", exclude_none=True)
+        config["admin_token"] = "***"
+        config["download_signing"] = {"secrets": ["***"] * len(config["download_signing"]["secrets"])}
+        return ok(config)
+
+    async def admin_breakers(self, request: Request) -> Response:
+        self.require_admin(request)
+        breakers = self.holder.runtime.services.breakers.by_upstream
+        return ok({name: breaker.describe() for name, breaker in breakers.items()})
+
+    async def admin_stats(self, request: Request) -> Response:
+        self.require_admin(request)
+        services = self.holder.runtime.services
+        metrics = services.metrics
+        return ok({
+            "pid": os.getpid(),
+            "status_cache": {"entries": services.status_cache.size(), "hits": metrics.cache.total(result="hit"),
+                             "misses": metrics.cache.total(result="miss"),
+                             "coalesced": metrics.cache.total(result="coalesced")},
+            "idempotency_keys": services.idempotency_store.size(),
+            "outbox": {"pending": await services.outbox.size(), "delivered": metrics.outbox.total(outcome="delivered"),
+                       "refused": metrics.outbox.total(outcome="refused")},
+            "retry_budget": {name: b.describe() for name, b in services.retry_budgets.by_upstream.items()},
+        })
+
+    async def admin_reload(self, request: Request) -> Response:
+        self.require_admin(request)
+        problems = await self.holder.reload()
+        if problems:
+            raise ApiError(ErrorKind.VALIDATION, "the new config was refused; the old one keeps serving",
+                           data={"problems": problems})
+        return ok({"reloaded": True, "routes": len(self.holder.runtime.config.routes)})
+
+    def _recovery_upstream(self) -> str:
+        """The export backend: the upstream named `exports`, else the first."""
+        upstreams = self.holder.runtime.config.upstreams
+        return "exports" if "exports" in upstreams else next(iter(upstreams))

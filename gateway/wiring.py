@@ -1,0 +1,139 @@
+"""The gateway's long-lived wiring: the services built at start, the Runtime in force, reload and its triggers.
+
+`RuntimeHolder` is the one place that knows which Runtime serves: dispatch and the
+operations endpoints read it, reload swaps it whole.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import signal
+from pathlib import Path
+from typing import AsyncIterator
+
+from exports_common import dev_mode, otel
+from exports_common.config_loader import ConfigError, load_model
+from exports_common.signing import DownloadSigner
+from gateway import telemetry
+from gateway.breakers import STATES, Breakers
+from gateway.config import GatewayConfig, RouteConfig, plugin_of
+from gateway.limiter import Limiter
+from gateway.outbox_drainer import OutboxDrainer
+from gateway.runtime import Runtime, build_runtime, upstreams_of
+from gateway.services import Services, open_redis, open_state
+from gateway.tenants import TenantDirectory
+from gateway.upstream import AiohttpUpstream
+
+log = logging.getLogger("gateway")
+
+
+class RuntimeHolder:
+    """The Runtime in force, and how a new config replaces it."""
+
+    def __init__(self, config: GatewayConfig, config_path: str | None) -> None:
+        self.initial_config = config
+        self.config_path = config_path
+        self._runtime: Runtime | None = None
+        self.config_hash = ""
+        self._config_mtime = self._mtime()
+
+    @property
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            raise RuntimeError("the gateway has not started")
+        return self._runtime
+
+    def _mtime(self) -> float | None:
+        try:
+            return Path(self.config_path).stat().st_mtime if self.config_path else None
+        except OSError:
+            return None
+
+    def apply(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self.config_hash = hashlib.sha256(runtime.config.model_dump_json().encode()).hexdigest()[:16]
+        runtime.services.metrics.seed([(r.name, r.upstream, _retry_reasons(r)) for r in runtime.config.routes])
+
+    async def watch_config(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            mtime = self._mtime()
+            if mtime is not None and mtime != self._config_mtime:
+                await self.reload()
+
+    async def reload(self) -> list[str]:
+        """Load the config file again; a config that does not validate is refused and the old one kept."""
+        self._config_mtime = self._mtime()
+        if not self.config_path:
+            return ["the gateway was started without a config file"]
+        try:
+            config = load_model(self.config_path, GatewayConfig)
+        except ConfigError as exc:
+            log.error("config reload refused; the config in force keeps serving", extra={"problems": exc.problems})
+            self.runtime.services.metrics.config_reloads.add("refused")
+            return exc.problems
+        unsafe = [] if dev_mode.dev_mode() else config.unsafe_defaults()
+        if unsafe:
+            self.runtime.services.metrics.config_reloads.add("refused")
+            log.error("config reload refused outside dev mode; the config in force keeps serving",
+                      extra={"problems": unsafe})
+            return unsafe
+        self.apply(build_runtime(config, self.runtime.services))
+        self.runtime.services.metrics.config_reloads.add("applied")
+        log.info("config reloaded", extra={"routes": len(config.routes), "config_hash": self.config_hash})
+        return []
+
+    def observe(self, services: Services) -> None:
+        """The gauges read at scrape time (the outbox's size is refreshed by the /metrics handler)."""
+        metrics = services.metrics
+        metrics.observe_gauge("gateway_breaker_state", "0 closed, 1 half-open, 2 open", lambda: [
+            (STATES.get(b.state, 2), {"upstream": name}) for name, b in services.breakers.by_upstream.items()])
+        metrics.observe_gauge("gateway_retries_in_flight", "retries in flight, by upstream (the budget caps them)",
+                              lambda: [(b.retries_in_flight, {"upstream": name})
+                                       for name, b in services.retry_budgets.by_upstream.items()])
+        metrics.observe_gauge("gateway_outbox_depth", "submissions waiting in the outbox for their upstream",
+                              lambda: [(metrics.async_values.get("outbox_depth", 0.0), {})])
+        metrics.observe_gauge("gateway_config_info", "the config in force: its hash (1 while it serves)",
+                              lambda: [(1.0, {"hash": self.config_hash})])
+
+
+def open_services(config: GatewayConfig) -> Services:
+    """The long-lived parts every Runtime shares: the upstream client, stores, metrics, tracing."""
+    metrics, tracing = telemetry.setup("gateway", config.tracing)
+    redis = open_redis(config.redis_url)
+    pool = max(u.pool_size for u in config.upstreams.values())
+    return Services(
+        client=AiohttpUpstream(pool), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
+        signer=DownloadSigner(config.download_signing.secrets, config.download_signing.max_link_ttl_sec),
+        upstreams=upstreams_of(config, metrics),
+        state=open_state(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
+        limiter=Limiter(redis, config.redis_prefix),
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(holder: RuntimeHolder) -> AsyncIterator[None]:
+    """From start to shutdown: services open, the first Runtime in force, reload triggers armed."""
+    services = open_services(holder.initial_config)
+    holder.observe(services)
+    holder.apply(build_runtime(holder.initial_config, services))
+    watcher = asyncio.create_task(holder.watch_config())
+    drainer = asyncio.create_task(OutboxDrainer(lambda: holder.runtime.services).run())
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(holder.reload()))
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        drainer.cancel()
+        await services.client.close()
+        otel.shutdown()
+        if services.state.redis is not None:
+            await services.state.redis.aclose()
+
+
+def _retry_reasons(route: RouteConfig) -> list[str]:
+    return [str(reason) for entry in route.plugins for name, settings in [plugin_of(entry)] if name == "retry"
+            for reason in getattr(settings, "retry_on", [])]
