@@ -42,8 +42,9 @@ def upstreams_of(config: GatewayConfig, metrics: Metrics) -> dict[str, Upstream]
     }
 
 
-def build_chain(route: RouteConfig, services: Services) -> Handler:
-    handler: Handler = Proxy(services.upstreams[route.upstream], services, route.max_body_bytes)
+def build_chain(route: RouteConfig, services: Services, last: Handler | None = None) -> Handler:
+    """The route's plugins around `last`: the proxy to its upstream unless given (gateway.testing gives one)."""
+    handler = last or Proxy(services.upstreams[route.upstream], services, route.max_body_bytes)
     for entry in reversed(route.plugins):
         name, settings = plugin_of(entry)
         handler = registry().get(name)(handler, settings, services, route.name)
