@@ -47,6 +47,9 @@ def _not_a_plugin(obj: object, name: str) -> str | None:
     settings = getattr(obj, "Settings", None)
     if not (inspect.isclass(settings) and issubclass(settings, BaseModel)):
         return f"{obj.__qualname__}.Settings must be a pydantic model (subclass gateway.plugins.base.Settings)"
+    if settings.model_config.get("extra") != "forbid":
+        # a typo in a route's settings would be ignored in silence, unlike in a built-in's
+        return f"{obj.__qualname__}.Settings must forbid unknown keys (subclass gateway.plugins.base.Settings)"
     if not inspect.iscoroutinefunction(obj.__call__):
         return f"{obj.__qualname__}.__call__ must be `async def __call__(self, ctx)`"
     expected = list(inspect.signature(Plugin.__init__).parameters)[1:]
@@ -99,7 +102,7 @@ class Registry:
             close = difflib.get_close_matches(name, self.names(), n=1)
             hint = f", did you mean {close[0]!r}?" if close else \
                 f"; known plugins: {', '.join(self.names())} (a third-party plugin must be installed in the " \
-                f"gateway's environment, declaring an entry point in group {GROUP})"
+                f"gateway's environment, declaring an entry point in group {GROUP}, and the gateway restarted)"
             return f"unknown plugin {name!r}{hint}"
         if len(eps) > 1:
             return (f"plugin {name!r} is declared by more than one package: "
