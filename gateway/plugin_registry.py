@@ -91,6 +91,18 @@ class Registry:
             raise KeyError(found)
         return found
 
+    def describe(self) -> tuple[list[str], int]:
+        """One line per plugin name (where it comes from, or why no route can use it), and how many are unusable."""
+        lines, unusable = [], 0
+        for name in self.names():
+            found = self.resolve(name)
+            if isinstance(found, str):
+                unusable += 1
+                lines.append(f"{name}: UNUSABLE: {found}")
+            else:
+                lines.append(f"{name}: " + ("built in" if name in self.builtin else _origin(self.declared[name][0])))
+        return lines, unusable
+
     def _resolve(self, name: str) -> type[Plugin] | str:
         eps = self.declared.get(name, [])
         if name in self.builtin:

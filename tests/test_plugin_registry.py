@@ -86,6 +86,23 @@ def test_broken_and_clashing_packages_are_config_errors_naming_package_and_entry
         assert part in problems, problems
 
 
+def test_the_plugins_command_lists_each_name_with_its_origin(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    install_fake_packages(site)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))
+    result = subprocess.run([sys.executable, "-m", "gateway", "plugins"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines())
+    assert lines["retry"] == "built in"
+    assert lines["tenant_allowlist"].startswith("entry point 'tenant_allowlist = tenant_allowlist:TenantAllowlist' "
+                                                "(group export_gateway.plugins) of package "
+                                                "'export-gateway-tenant-allowlist 0.1.0'")
+    assert lines["auth"].startswith("UNUSABLE: plugin 'auth' is built in, and entry point")
+    assert lines["broken"].startswith("UNUSABLE: plugin 'broken' cannot be imported")
+
+
 def test_a_broken_package_no_route_names_costs_nothing(tmp_path: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()
