@@ -95,3 +95,14 @@ def test_backend_config_rejects_unknown_columns(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_model(path, BackendConfig)
     assert "export_types.x" in err.value.problems[0] and "no column 'nope'" in err.value.problems[0]
+
+
+def test_an_unknown_key_anywhere_names_the_nearest_known_one(tmp_path: Path) -> None:
+    path = tmp_path / "b.yaml"
+    path.write_text("workerz: 2\ncallbacks:\n  retry_delay_sec: [1]\n")
+    with pytest.raises(ConfigError) as err:
+        load_model(path, BackendConfig)
+    assert sorted(err.value.problems) == [
+        "callbacks.retry_delay_sec (line 3): unknown key 'retry_delay_sec', did you mean 'retry_delays_sec'?",
+        "workerz (line 1): unknown key 'workerz', did you mean 'workers'?",
+    ]
