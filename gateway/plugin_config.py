@@ -72,6 +72,9 @@ def validate_entries(raw: Any, route: str) -> list[PluginUse]:
     uses: list[PluginUse] = []
     errors: list[InitErrorDetails] = []
     for at, item in enumerate(raw):
+        if isinstance(item, PluginUse):  # a config built in code from another's entries
+            uses.append(item)
+            continue
         entry = {item: None} if isinstance(item, str) else item
         if not (isinstance(entry, dict) and len(entry) == 1 and isinstance(next(iter(entry)), str)):
             errors.append(_error((at,), item, f"route `{route}`: {_ENTRY_SHAPE}"))
