@@ -15,15 +15,19 @@ def is_json_content_type(value: str | None) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
+def too_large(max_bytes: int) -> ApiError:
+    return ApiError(ErrorKind.PAYLOAD_TOO_LARGE, f"the body must be at most {max_bytes} bytes")
+
+
 async def read_limited(chunks: AsyncIterator[bytes], max_bytes: int, declared: str | None) -> bytes:
     """The whole body, or 413 as soon as it is known to exceed max_bytes (declared or streamed)."""
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise ApiError(ErrorKind.PAYLOAD_TOO_LARGE, f"the body must be at most {max_bytes} bytes")
+        raise too_large(max_bytes)
     body = bytearray()
     async for chunk in chunks:
         body += chunk
         if len(body) > max_bytes:
-            raise ApiError(ErrorKind.PAYLOAD_TOO_LARGE, f"the body must be at most {max_bytes} bytes")
+            raise too_large(max_bytes)
     return bytes(body)
 
 

@@ -30,6 +30,39 @@ def plugin_of(entry: PluginUse) -> tuple[str, BaseModel]:
     return entry.name, entry.settings
 
 
+def filters_and_policy(route: RouteConfig) -> tuple[list[tuple[str, BaseModel]], list[tuple[str, BaseModel]]]:
+    """The route's plugins as a request meets them: its filters as listed, then its upstream policy
+    (timeout, retry, breaker: ranked by each plugin's `upstream_policy`) around the proxy."""
+    entries = [plugin_of(entry) for entry in route.plugins]
+    rank = {name: registry().get(name).upstream_policy for name, _ in entries}
+    policy = sorted((e for e in entries if rank[e[0]]), key=lambda e: rank[e[0]])
+    return [e for e in entries if not rank[e[0]]], policy
+
+
+def contract_problems(route: RouteConfig) -> list[str]:
+    """Each plugin's declared needs against what the plugins before it provide (gateway/plugins/base.py)."""
+    problems: list[str] = []
+    provided: set[str] = set()
+    minted_by: dict[str, str] = {}
+    agreed: dict[str, tuple[str, object]] = {}
+    filters, policy = filters_and_policy(route)
+    for name, settings in filters + policy:
+        contract = registry().get(name).contract(settings, tuple(route.methods))
+        for field in sorted(contract.needs - provided):
+            problems.append(f"route `{route.name}`: {name} needs `{field}`, which no earlier plugin provides")
+        for field in sorted(contract.provides & minted_by.keys()):
+            problems.append(f"route `{route.name}`: {name} sets `{field}`, so it must come before "
+                            f"{minted_by[field]}, which sets one only when no earlier plugin did")
+        for key, value in contract.agrees:
+            first = agreed.setdefault(key, (name, value))
+            if first[1] != value:
+                problems.append(f"route `{route.name}`: {name}'s {key} ({value!r}) must equal {first[0]}'s "
+                                f"({first[1]!r})")
+        minted_by.update(dict.fromkeys(contract.defaults - provided, name))
+        provided |= contract.provides | contract.defaults
+    return problems
+
+
 class TimeoutsConfig(Strict):
     connect: float = Field(2.0, gt=0, description="seconds to open a connection")
     read: float = Field(30.0, gt=0, description="seconds to wait for each read of the answer")
@@ -90,23 +123,10 @@ class RouteConfig(Strict):
         return upper
 
     @model_validator(mode="after")
-    def _task_id_provider_first(self) -> RouteConfig:
-        # a plugin that provides the task id (idempotency fixes it at claim time) must run before task_id,
-        # which otherwise mints one of its own; and both must name ids alike
-        entries = [plugin_of(entry) for entry in self.plugins]
-        names = [name for name, _ in entries]
-        if "task_id" not in names:
-            return self
-        task_id_at = names.index("task_id")
-        prefix = getattr(entries[task_id_at][1], "prefix", None)
-        for at, (name, settings) in enumerate(entries):
-            if "task_id" not in getattr(registry().get(name), "provides", ()):
-                continue
-            if at > task_id_at:
-                raise ValueError(f"{name} fixes the task id, so it must come before task_id in route {self.name!r}")
-            if getattr(settings, "task_id_prefix", prefix) != prefix:
-                raise ValueError(f"{name}.task_id_prefix must equal task_id.prefix ({prefix!r}) in route "
-                                 f"{self.name!r}")
+    def _contract(self) -> RouteConfig:
+        problems = contract_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @field_validator("path")
@@ -251,14 +271,14 @@ class GatewayConfig(Strict):
         names = [r.name for r in self.routes]
         if len(names) != len(set(names)):
             raise ValueError("route names must be unique")
-        breakers: dict[str, tuple[str, BaseModel]] = {}
+        per_upstream: dict[tuple[str, str], tuple[str, BaseModel]] = {}
         for route in self.routes:
             for entry in route.plugins:
                 name, settings = plugin_of(entry)
-                if name != "circuit_breaker":
+                if not registry().get(name).per_upstream:
                     continue
-                first = breakers.setdefault(route.upstream, (route.name, settings))
+                first = per_upstream.setdefault((name, route.upstream), (route.name, settings))
                 if first[1] != settings:
-                    raise ValueError(f"routes {first[0]!r} and {route.name!r} configure the circuit breaker of "
-                                     f"upstream {route.upstream!r} differently; it is one breaker per upstream")
+                    raise ValueError(f"routes {first[0]!r} and {route.name!r} configure {name} of upstream "
+                                     f"{route.upstream!r} differently; it is one per upstream: give both the same")
         return self

@@ -1,7 +1,9 @@
 """What one request carries through its route's plugin chain.
 
-Plugins never import each other; this is how they cooperate. Each reads and
-writes only the fields it owns, named here.
+Plugins never import each other; this is how they cooperate. The fields below
+the first block are the vocabulary of the plugin contract: a plugin declares
+which of them it `needs` and `provides` (gateway/plugins/base.py), and the
+route's chain is checked against those declarations when the config loads.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any, Awaitable, Callable
 
 from starlette.requests import Request
 
+from exports_common.json_body import read_limited, too_large
 from gateway.response import GatewayResponse
 from gateway.upstream import Timeouts
 
@@ -27,20 +30,34 @@ class RequestContext:
     upstream_headers: dict[str, str] = field(default_factory=dict)
     # the query string sent upstream; None forwards the client's
     query: str | None = None
-    # a plugin that reads the body keeps it here; the proxy then sends these bytes instead of the stream
+    # the body once read (`read_body`); the proxy then sends these bytes instead of the stream
     body: bytes | None = None
+    # the body parsed as JSON, by a plugin that checked it
     json: Any = None
     tenant: str | None = None
     # the task this request names: from the path (task_id check), fixed by idempotency's claim, or minted by
     # task_id generate when no earlier plugin fixed it
     task_id: str | None = None
-    # timeout plugin: per-try bounds and the monotonic deadline of the whole request
+    # the route's upstream policy (timeout, retry), read by the proxy for each try: per-try bounds, the
+    # monotonic deadline of the whole request, which try this is and why the one before it was retried
     timeouts: Timeouts | None = None
     deadline: float | None = None
     attempt: int = 1
+    retry_reason: str | None = None
     # headers every answer to this request carries, whichever plugin produced it
     response_headers: dict[str, str] = field(default_factory=dict)
-    notes: dict[str, Any] = field(default_factory=dict)
+
+    async def read_body(self, limit: int) -> bytes:
+        """The request body, read once whoever asks first; more than `limit` bytes is a 413.
+
+        Every plugin that needs the body reads it here, so no plugin depends on
+        another having read it (or on the stream being still unread).
+        """
+        if self.body is None:
+            self.body = await read_limited(self.request.stream(), limit, self.request.headers.get("content-length"))
+        elif len(self.body) > limit:
+            raise too_large(limit)
+        return self.body
 
     def tenant_key(self, param: str) -> str:
         """`<tenant>:<path parameter>`: what per-tenant stores of a task's answers are keyed by."""

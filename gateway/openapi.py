@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 description of the public API, served at /openapi.json.
 
-Export types and limits are read from the submit route's `validate` settings in
-force, so the document describes what this gateway accepts right now. The
+Export types and limits are what the plugins in force say the gateway accepts
+(each plugin's `accepts` hook), so the document describes what this gateway accepts right now. The
 filters of each export type are the backend's: `ExportTypesSource` asks the
 backend's export-types endpoint (through the route that serves it publicly) and
 the submit body becomes a union discriminated on `export_type`, one member per
@@ -19,6 +19,7 @@ from exports_common.errors import ErrorKind
 from exports_common.submit_body import FORMATS
 from exports_common.task_ids import TASK_ID_PATTERN
 from gateway.config import GatewayConfig, plugin_of
+from gateway.plugin_registry import registry
 from gateway.runtime import Runtime
 from gateway.upstream import Timeouts, UpstreamError
 
@@ -55,13 +56,15 @@ def _errors(*statuses: int) -> dict[str, Any]:
     return out
 
 
-def _validate_settings(config: GatewayConfig) -> Any:
+def _accepts(config: GatewayConfig) -> dict[str, Any]:
+    """What the plugins in force say about the bodies the gateway accepts (the first to say a thing wins)."""
+    found: dict[str, Any] = {}
     for route in config.routes:
         for entry in route.plugins:
             name, settings = plugin_of(entry)
-            if name == "validate":
-                return settings
-    return None
+            for key, value in registry().get(name).accepts(settings).items():
+                found.setdefault(key, value)
+    return found
 
 
 def _submit_properties(export_type: dict[str, Any], filters: dict[str, Any], max_timeout: int) -> dict[str, Any]:
@@ -102,9 +105,9 @@ def _submit_request(types: ExportTypes | None, allowed: list[str] | None, max_ti
 
 
 def _schemas(config: GatewayConfig, types: ExportTypes | None) -> dict[str, Any]:
-    settings = _validate_settings(config)
-    allowed = list(settings.export_types) if settings is not None and settings.export_types else None
-    max_timeout = settings.max_timeout_sec if settings is not None else 3600
+    accepts = _accepts(config)
+    allowed = list(accepts["export_types"]) if accepts.get("export_types") else None
+    max_timeout = accepts.get("max_timeout_sec", 3600)
     task = {
         "type": "object",
         "required": ["task_id", "export_type", "status", "progress", "current_step", "attempt", "created_at",

@@ -11,6 +11,7 @@ import hmac
 import json
 import os
 import socket
+from typing import Any
 from urllib.parse import urlsplit
 
 from redis.exceptions import RedisError
@@ -21,8 +22,9 @@ from starlette.routing import Route
 from exports_common.envelope import ok
 from exports_common.errors import ApiError, ErrorKind
 from gateway import openapi, telemetry
+from gateway.address_limit import check_address
 from gateway.admin_recovery import AdminRecovery
-from gateway.plugins.rate_limit import check_address
+from gateway.plugin_registry import registry
 from gateway.wiring import RuntimeHolder
 
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
@@ -93,8 +95,9 @@ class OpsEndpoints:
         if runtime.config.metrics_auth == "admin_token":
             self.require_admin(request)
         services = runtime.services
-        with contextlib.suppress(Exception):  # a store that does not answer leaves the last depth read
-            services.metrics.async_values["outbox_depth"] = float(await services.outbox.size())
+        for plugin in registry().usable():
+            with contextlib.suppress(Exception):  # a store that does not answer leaves the last value read
+                await plugin.before_scrape(services)
         body, content_type = telemetry.prometheus_text(services.metrics)
         return Response(body, media_type=content_type)
 
@@ -113,17 +116,10 @@ class OpsEndpoints:
     async def admin_stats(self, request: Request) -> Response:
         self.require_admin(request)
         services = self.holder.runtime.services
-        metrics = services.metrics
-        return ok({
-            "pid": os.getpid(),
-            "status_cache": {"entries": services.status_cache.size(), "hits": metrics.cache.total(result="hit"),
-                             "misses": metrics.cache.total(result="miss"),
-                             "coalesced": metrics.cache.total(result="coalesced")},
-            "idempotency_keys": services.idempotency_store.size(),
-            "outbox": {"pending": await services.outbox.size(), "delivered": metrics.outbox.total(outcome="delivered"),
-                       "refused": metrics.outbox.total(outcome="refused")},
-            "retry_budget": {name: b.describe() for name, b in services.retry_budgets.by_upstream.items()},
-        })
+        stats: dict[str, Any] = {"pid": os.getpid()}
+        for plugin in registry().usable():  # each plugin reports its own part
+            stats.update(await plugin.stats(services))
+        return ok(stats)
 
     async def admin_reload(self, request: Request) -> Response:
         self.require_admin(request)

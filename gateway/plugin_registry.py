@@ -21,10 +21,9 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import cast
 
 from pydantic import BaseModel
-from typing_extensions import get_protocol_members
 
 from gateway.plugins import PLUGINS as BUILTIN
-from gateway.plugins.base import Plugin
+from gateway.plugins.base import Plugin, PluginBase
 
 GROUP = "export_gateway.plugins"
 
@@ -39,9 +38,10 @@ def _not_a_plugin(obj: object, name: str) -> str | None:
     """Why `obj` cannot serve as the plugin `name`, or None when it can."""
     if not inspect.isclass(obj):
         return f"it names {type(obj).__name__} {obj!r}, not a class"
-    missing = sorted(m for m in get_protocol_members(Plugin) if not hasattr(obj, m))
-    if missing:
-        return f"class {obj.__qualname__} lacks {', '.join(missing)} (the Plugin protocol: gateway/plugins/base.py)"
+    if not issubclass(obj, PluginBase):
+        return f"class {obj.__qualname__} does not subclass gateway.plugins.base.PluginBase"
+    if inspect.isabstract(obj):
+        return f"class {obj.__qualname__} leaves {', '.join(sorted(obj.__abstractmethods__))} undefined"
     if getattr(obj, "name", None) != name:
         return f"class {obj.__qualname__} says its name is {getattr(obj, 'name', None)!r}; make it {name!r}"
     settings = getattr(obj, "Settings", None)
@@ -52,7 +52,7 @@ def _not_a_plugin(obj: object, name: str) -> str | None:
         return f"{obj.__qualname__}.Settings must forbid unknown keys (subclass gateway.plugins.base.Settings)"
     if not inspect.iscoroutinefunction(obj.__call__):
         return f"{obj.__qualname__}.__call__ must be `async def __call__(self, ctx)`"
-    expected = list(inspect.signature(Plugin.__init__).parameters)[1:]
+    expected = list(inspect.signature(PluginBase.__init__).parameters)[1:]
     try:
         inspect.signature(obj).bind(*expected)
     except TypeError:
@@ -90,6 +90,14 @@ class Registry:
         if isinstance(found, str):
             raise KeyError(found)
         return found
+
+    def usable(self) -> list[type[Plugin]]:
+        """Every plugin a route may name: the built-ins, and each installed one that imports and checks out.
+
+        The gateway runs the hooks (background work, gauges, stats) of all of them, as it does the built-ins'.
+        """
+        found = (self.resolve(name) for name in self.names())
+        return [plugin for plugin in found if not isinstance(plugin, str)]
 
     def describe(self) -> tuple[list[str], int]:
         """One line per plugin name (where it comes from, or why no route can use it), and how many are unusable."""

@@ -1,8 +1,8 @@
 """The last handler of every chain: sends the request upstream and streams the answer back.
 
-Hop-by-hop headers are dropped both ways; the headers the upstream trusts
-(tenant, task id, attempt) come only from plugins, never from the client, and
-forwarding headers only from a trusted proxy.
+Hop-by-hop headers are dropped both ways (gateway/headers.py); the headers the
+upstream trusts (tenant, task id, attempt) come only from plugins, never from the
+client, and forwarding headers only from a trusted proxy.
 """
 from __future__ import annotations
 
@@ -12,70 +12,15 @@ from typing import Any, AsyncIterator
 
 from opentelemetry import trace
 
-from exports_common.errors import ApiError, ErrorKind
-from gateway import telemetry
+from exports_common.json_body import too_large
 from gateway.context import RequestContext
-from gateway.forwarding import TrustedProxies, is_forwarding
+from gateway.headers import client_headers, upstream_headers
 from gateway.response import GatewayResponse
 from gateway.services import Services, Upstream
 from gateway.upstream import Endpoint, Timeouts, UpstreamError
 
 # the socket timeouts, cut to the deadline, normally fire first; this only catches a slow drip
 DEADLINE_SLACK_SEC = 0.25
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
-    "transfer-encoding", "upgrade", "host", "content-length",
-})
-# set by the gateway alone; a client's copy is dropped
-GATEWAY_OWNED = frozenset({
-    "x-tenant-id", "x-task-id", "x-gateway-attempt", "x-request-id", "authorization", "traceparent", "tracestate",
-    "x-tenant-max-active-tasks",
-})
-
-
-def _dropped(headers: list[tuple[str, str]], extra: frozenset[str]) -> set[str]:
-    named = {t.strip().lower() for k, v in headers if k == "connection" for t in v.split(",")}
-    return set(HOP_BY_HOP) | named | set(extra)
-
-
-def upstream_headers(ctx: RequestContext, trusted: TrustedProxies) -> list[tuple[str, str]]:
-    """The client's headers minus hop-by-hop, gateway-owned and (from an untrusted peer) forwarding ones.
-
-    A name is judged with `_` read as `-`: servers such as uvicorn and WSGI ones fold
-    `X_Tenant_Id` into `X-Tenant-Id`, so a client's underscore spelling must not slip by.
-    """
-    scope = ctx.request.scope
-    incoming = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
-    drop = _dropped(incoming, GATEWAY_OWNED)
-    from_proxy = trusted.trusts(scope)
-    out, chain = [], ""
-    for key, value in incoming:
-        name = key.replace("_", "-")
-        if name in drop or (is_forwarding(name) and not from_proxy):
-            continue
-        if name == "x-forwarded-for":
-            chain = f"{value}, "
-            continue
-        out.append((key, value))
-    client = ctx.request.client
-    out += [
-        ("x-forwarded-for", chain + (client.host if client else "")),
-        ("x-request-id", ctx.request_id),
-    ]
-    if not from_proxy:
-        out += [("x-forwarded-proto", scope.get("scheme", "http")),
-                ("x-forwarded-host", ctx.request.headers.get("host", ""))]
-    out += list(ctx.upstream_headers.items())
-    carrier: dict[str, str] = {}
-    telemetry.inject(carrier)
-    out += list(carrier.items())
-    return out
-
-
-def client_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    # the gateway's own server adds date and server
-    drop = (_dropped(headers, frozenset({"date", "server"}))) - {"content-length"}
-    return [(k, v) for k, v in headers if k not in drop]
 
 
 class LimitedBody:
@@ -94,10 +39,6 @@ class LimitedBody:
                 self.exceeded = True
                 raise too_large(self.limit)
             yield chunk
-
-
-def too_large(limit: int) -> ApiError:
-    return ApiError(ErrorKind.PAYLOAD_TOO_LARGE, f"the body must be at most {limit} bytes")
 
 
 class Proxy:
@@ -161,8 +102,8 @@ class Proxy:
         attributes: dict[str, Any] = {"http.request.method": ctx.method, "url.full": url,
                                       "http.request.resend_count": ctx.attempt - 1, "gateway.attempt": ctx.attempt,
                                       "gateway.breaker.state": breaker.state if breaker else "none"}
-        if (reason := ctx.notes.get("retry_reason")) is not None:
-            attributes["gateway.retry.reason"] = str(reason)
+        if ctx.retry_reason is not None:
+            attributes["gateway.retry.reason"] = ctx.retry_reason
         return attributes
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:

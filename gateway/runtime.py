@@ -8,11 +8,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from pydantic import BaseModel
+
 from exports_common.signing import DownloadSigner
-from gateway.config import GatewayConfig, RouteConfig, UpstreamConfig, plugin_of
+from gateway.config import GatewayConfig, RouteConfig, UpstreamConfig, filters_and_policy
 from gateway.context import Handler
 from gateway.forwarding import TrustedProxies
 from gateway.plugin_registry import registry
+from gateway.plugins.base import RouteInfo
 from gateway.proxy import Proxy
 from gateway.router import Router
 from gateway.services import Services, Upstream
@@ -43,12 +46,24 @@ def upstreams_of(config: GatewayConfig, metrics: Metrics) -> dict[str, Upstream]
 
 
 def build_chain(route: RouteConfig, services: Services, last: Handler | None = None) -> Handler:
-    """The route's plugins around `last`: the proxy to its upstream unless given (gateway.testing gives one)."""
-    handler = last or Proxy(services.upstreams[route.upstream], services, route.max_body_bytes)
-    for entry in reversed(route.plugins):
-        name, settings = plugin_of(entry)
-        handler = registry().get(name)(handler, settings, services, route.name)
-    return handler
+    """The route's filters in their YAML order around its upstream call.
+
+    The upstream call is the route's upstream policy (timeout, then retry, then the
+    breaker: Envoy's split) around the proxy, in that order wherever the YAML lists
+    them; a plugin that makes a call of its own (rerun) goes through the same policy.
+    `last` stands in for the proxy (gateway.testing ends a chain in a recorder).
+    """
+    filters, policy = filters_and_policy(route)
+    proxy = last or Proxy(services.upstreams[route.upstream], services, route.max_body_bytes)
+    call_upstream = _wrap(proxy, policy, services, RouteInfo(route.name, route.upstream, tuple(route.methods), proxy))
+    return _wrap(call_upstream, filters, services,
+                 RouteInfo(route.name, route.upstream, tuple(route.methods), call_upstream))
+
+
+def _wrap(inner: Handler, plugins: list[tuple[str, BaseModel]], services: Services, route: RouteInfo) -> Handler:
+    for name, settings in reversed(plugins):
+        inner = registry().get(name)(inner, settings, services, route)
+    return inner
 
 
 def build_runtime(config: GatewayConfig, services: Services) -> Runtime:

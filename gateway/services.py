@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 import redis.asyncio as aioredis
 
@@ -12,11 +13,12 @@ from gateway.breakers import Breakers
 from gateway.forwarding import TrustedProxies
 from gateway.kv import KeyValue, MemoryKV, RedisKV, SqliteKV
 from gateway.limiter import Limiter
-from gateway.outbox_store import OutboxStore, RedisOutbox, SqliteOutbox
 from gateway.retry_budget import RetryBudgets
 from gateway.telemetry import Metrics, Tracing
 from gateway.tenants import TenantDirectory
 from gateway.upstream import EndpointPool, Timeouts, UpstreamClient
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -31,27 +33,39 @@ class Upstream:
         return self.pool.pick().url
 
 
-@dataclass(frozen=True)
-class StateStores:
-    status_cache: KeyValue
-    idempotency: KeyValue
-    last_seen: KeyValue
-    outbox: OutboxStore
-    redis: aioredis.Redis | None = None  # for readiness: None when nothing is shared
+class State:
+    """Where plugins keep state, each under a name of its own: Redis when configured, else in process.
+
+    A store is made once per process and outlives config reloads. `durable` asks for
+    a store that survives a restart without Redis (a local SQLite file); otherwise
+    memory, for what may be lost.
+    """
+
+    def __init__(self, redis: aioredis.Redis | None, prefix: str, state_dir: str) -> None:
+        self.redis = redis  # also for readiness: None when nothing is shared
+        self.prefix = prefix
+        self.path = Path(state_dir) / "gateway.sqlite3"
+        self._made: dict[str, Any] = {}
+
+    def shared(self, name: str, make: Callable[[], T]) -> T:
+        """The one object named `name` in this process, made by `make` the first time it is asked for."""
+        if name not in self._made:
+            self._made[name] = make()
+        made: T = self._made[name]
+        return made
+
+    def kv(self, name: str, durable: bool = False) -> KeyValue:
+        """The key-value store `name`: Redis keys `<prefix>:<name>:…`, else SQLite table `name` or memory."""
+        def make() -> KeyValue:
+            if self.redis is not None:
+                return RedisKV(self.redis, f"{self.prefix}:{name}:")
+            return SqliteKV(self.path, name) if durable else MemoryKV()
+        return self.shared(f"kv:{name}", make)
 
 
 def open_redis(url: str) -> aioredis.Redis | None:
     """The gateway's client: bounded waits, one retry on a fresh connection (see connect)."""
     return connect(url) if url else None
-
-
-def open_state(redis: aioredis.Redis | None, prefix: str, state_dir: str) -> StateStores:
-    """Redis when configured; else memory for what may be lost, a local file for what may not."""
-    if redis is not None:
-        return StateStores(RedisKV(redis, f"{prefix}:cache:"), RedisKV(redis, f"{prefix}:idem:"),
-                           RedisKV(redis, f"{prefix}:seen:"), RedisOutbox(redis, prefix), redis)
-    path = Path(state_dir) / "gateway.sqlite3"
-    return StateStores(MemoryKV(), SqliteKV(path, "idempotency"), MemoryKV(), SqliteOutbox(path))
 
 
 @dataclass
@@ -62,21 +76,9 @@ class Services:
     tenants: TenantDirectory
     signer: DownloadSigner
     upstreams: dict[str, Upstream]
-    state: StateStores
+    state: State
     breakers: Breakers
     limiter: Limiter
     retry_budgets: RetryBudgets = field(default_factory=RetryBudgets)
     public_base_url: str = ""
     trusted_proxies: TrustedProxies = field(default_factory=TrustedProxies)
-
-    @property
-    def status_cache(self) -> KeyValue:
-        return self.state.status_cache
-
-    @property
-    def idempotency_store(self) -> KeyValue:
-        return self.state.idempotency
-
-    @property
-    def outbox(self) -> OutboxStore:
-        return self.state.outbox

@@ -3,9 +3,10 @@
 Metrics are counted in process by plain tallies and histograms and handed to
 prometheus_client by one collector at scrape time: a `Counter.labels().inc()`
 costs a lock and a dict lookup per call, a tally well under a microsecond on the
-cache-hit path. Every metric an SRE sees is declared in `Metrics`, and `seed`
-gives each known label combination a zero before its first event, so a rate()
-or an alert has a series from the first scrape.
+cache-hit path. The gateway's own metrics are declared in `Metrics`; a plugin declares its own
+through `Metrics.tally` under its own name. Each known label combination gets a
+zero before its first event (`seed`, and each plugin when its route is built),
+so a rate() or an alert has a series from the first scrape.
 
 OpenTelemetry is for traces only; `gateway.tracing` sets it up.
 """
@@ -137,24 +138,22 @@ class Metrics(Collector):
                                     "calls made to upstreams, by outcome: a status, or connect_error, timeout, reset")
         self.upstream_duration = LatencyHistogram("gateway_upstream_duration_seconds", ("upstream", "route"),
                                                   "time to an upstream's answer (headers), by upstream and route")
-        self.cache = Tally("gateway_status_cache", ("route", "result"), "status cache lookups: hit, miss, coalesced")
-        self.idempotency = Tally("gateway_idempotency", ("route", "result"), "idempotency-key outcomes")
         self.retries = Tally("gateway_retries", ("upstream", "route", "reason"), "retry tries, by cause")
         self.retry_success = Tally("gateway_retry_success", ("upstream", "route"),
                                    "requests retried at least once whose last try was not worth retrying")
+        # shared by every plugin that answers in the upstream's stead: each seeds and counts its own kinds
+        self.degraded = Tally("gateway_degraded_answers", ("route", "kind"),
+                              "answers from degradation: stale, unavailable, outbox, outbox_pending, reject")
         self.ejections = Tally("gateway_upstream_ejections", ("upstream", "endpoint"),
                                "endpoints left out for a while after repeated connect failures")
         self.retry_budget_exhausted = Tally("gateway_retry_budget_exhausted", ("upstream", "route"),
                                             "retries not made because the budget was used up")
         self.breaker_transitions = Tally("gateway_breaker_transitions", ("upstream", "state"),
                                          "circuit breaker state changes, by new state")
-        self.degraded = Tally("gateway_degraded_answers", ("route", "kind"),
-                              "answers from degradation: stale, unavailable, outbox, outbox_pending, reject")
-        self.outbox = Tally("gateway_outbox", ("outcome",), "outboxed submissions delivered or refused")
-        self.reruns = Tally("gateway_reruns", ("route", "outcome"), "TIMEOUT/FAILED re-runs asked for")
         self.config_reloads = Tally("gateway_config_reloads", ("outcome",), "config reloads: applied or refused")
         self.operator_actions = Tally("gateway_operator_actions", ("action", "outcome"),
                                       "operator recovery actions through the admin API")
+        self._owned: dict[str, Tally] = {}  # the plugins' own counters, by metric name
         self._gauges: list[tuple[str, str, Gauge]] = []
         # values read by awaiting something (the outbox size in Redis): refreshed before each scrape
         self.async_values: dict[str, float] = {}
@@ -162,28 +161,29 @@ class Metrics(Collector):
         self.registry.register(self)
 
     def _tallies(self) -> list[Tally]:
-        return [v for v in vars(self).values() if isinstance(v, Tally)]
+        return [v for v in vars(self).values() if isinstance(v, Tally)] + list(self._owned.values())
+
+    def tally(self, name: str, labels: tuple[str, ...], description: str) -> Tally:
+        """A plugin's own counter, made on first use and the same object after (across config reloads)."""
+        owned = self._owned.get(name)
+        if owned is None:
+            owned = self._owned[name] = Tally(name, labels, description)
+        elif owned.labels != labels:
+            raise ValueError(f"metric {name} is already counted with labels {owned.labels}")
+        return owned
 
     def observe_gauge(self, name: str, description: str, read: Gauge) -> None:
         self._gauges.append((name, description, read))
 
-    def seed(self, routes: Iterable[tuple[str, str, Iterable[str]]]) -> None:
-        """Zero for each route's (upstream, outcome) and (route, retry reason) an alert or a dashboard reads."""
-        for route, upstream, reasons in routes:
+    def seed(self, routes: Iterable[tuple[str, str]]) -> None:
+        """Zero for each (route, upstream)'s outcomes an alert or a dashboard reads (plugins seed their own)."""
+        for route, upstream in routes:
             for outcome in ("connect_error", "timeout", "reset"):
                 self.upstream_calls.seed(upstream, route, outcome)
-            for reason in reasons:
-                self.retries.seed(upstream, route, reason)
             self.retry_success.seed(upstream, route)
             self.retry_budget_exhausted.seed(upstream, route)
-            for result in ("hit", "miss", "coalesced"):
-                self.cache.seed(route, result)
-            for kind in ("stale", "unavailable", "outbox", "outbox_pending", "reject"):
-                self.degraded.seed(route, kind)
             for state in ("open", "half-open", "closed"):
                 self.breaker_transitions.seed(upstream, state)
-        for outcome in ("delivered", "refused"):
-            self.outbox.seed(outcome)
         for outcome in ("applied", "refused"):
             self.config_reloads.seed(outcome)
 

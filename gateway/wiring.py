@@ -17,12 +17,12 @@ from exports_common import dev_mode, otel
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.signing import DownloadSigner
 from gateway import telemetry
-from gateway.breakers import STATES, Breakers
-from gateway.config import GatewayConfig, RouteConfig, plugin_of
+from gateway.breakers import Breakers
+from gateway.config import GatewayConfig
 from gateway.limiter import Limiter
-from gateway.outbox_drainer import OutboxDrainer
+from gateway.plugin_registry import registry
 from gateway.runtime import Runtime, build_runtime, upstreams_of
-from gateway.services import Services, open_redis, open_state
+from gateway.services import Services, State, open_redis
 from gateway.tenants import TenantDirectory
 from gateway.upstream import AiohttpUpstream
 
@@ -54,7 +54,7 @@ class RuntimeHolder:
     def apply(self, runtime: Runtime) -> None:
         self._runtime = runtime
         self.config_hash = hashlib.sha256(runtime.config.model_dump_json().encode()).hexdigest()[:16]
-        runtime.services.metrics.seed([(r.name, r.upstream, _retry_reasons(r)) for r in runtime.config.routes])
+        runtime.services.metrics.seed([(r.name, r.upstream) for r in runtime.config.routes])
 
     async def watch_config(self) -> None:
         while True:
@@ -86,17 +86,11 @@ class RuntimeHolder:
         return []
 
     def observe(self, services: Services) -> None:
-        """The gauges read at scrape time (the outbox's size is refreshed by the /metrics handler)."""
-        metrics = services.metrics
-        metrics.observe_gauge("gateway_breaker_state", "0 closed, 1 half-open, 2 open", lambda: [
-            (STATES.get(b.state, 2), {"upstream": name}) for name, b in services.breakers.by_upstream.items()])
-        metrics.observe_gauge("gateway_retries_in_flight", "retries in flight, by upstream (the budget caps them)",
-                              lambda: [(b.retries_in_flight, {"upstream": name})
-                                       for name, b in services.retry_budgets.by_upstream.items()])
-        metrics.observe_gauge("gateway_outbox_depth", "submissions waiting in the outbox for their upstream",
-                              lambda: [(metrics.async_values.get("outbox_depth", 0.0), {})])
-        metrics.observe_gauge("gateway_config_info", "the config in force: its hash (1 while it serves)",
-                              lambda: [(1.0, {"hash": self.config_hash})])
+        """The gauges read at scrape time: the gateway's own, then each plugin's."""
+        services.metrics.observe_gauge("gateway_config_info", "the config in force: its hash (1 while it serves)",
+                                       lambda: [(1.0, {"hash": self.config_hash})])
+        for plugin in registry().usable():
+            plugin.observe(services)
 
 
 def open_services(config: GatewayConfig) -> Services:
@@ -108,7 +102,7 @@ def open_services(config: GatewayConfig) -> Services:
         client=AiohttpUpstream(pool), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
         signer=DownloadSigner(config.download_signing.secrets, config.download_signing.max_link_ttl_sec),
         upstreams=upstreams_of(config, metrics),
-        state=open_state(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
+        state=State(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
         limiter=Limiter(redis, config.redis_prefix),
     )
 
@@ -119,21 +113,18 @@ async def running(holder: RuntimeHolder) -> AsyncIterator[None]:
     services = open_services(holder.initial_config)
     holder.observe(services)
     holder.apply(build_runtime(holder.initial_config, services))
-    watcher = asyncio.create_task(holder.watch_config())
-    drainer = asyncio.create_task(OutboxDrainer(lambda: holder.runtime.services).run())
+    # the plugins' background work (the outbox's drainer) runs on whatever services are in force
+    background = [work for plugin in registry().usable() for work in plugin.background(lambda: holder.runtime.services)]
+    tasks = [asyncio.create_task(work) for work in [holder.watch_config(), *background]]
     with contextlib.suppress(NotImplementedError, RuntimeError):
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(holder.reload()))
     try:
         yield
     finally:
-        watcher.cancel()
-        drainer.cancel()
+        for task in tasks:
+            task.cancel()
         await services.client.close()
         otel.shutdown()
         if services.state.redis is not None:
             await services.state.redis.aclose()
 
-
-def _retry_reasons(route: RouteConfig) -> list[str]:
-    return [str(reason) for entry in route.plugins for name, settings in [plugin_of(entry)] if name == "retry"
-            for reason in getattr(settings, "retry_on", [])]

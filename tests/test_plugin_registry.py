@@ -28,6 +28,7 @@ PACKAGES = {
                  "from gateway.plugins.auth import Auth\nclass Plugin(Auth):\n    name = 'other'\n"),
     "lax": ({"lax": "lax:Lax"}, "from pydantic import BaseModel\nfrom gateway.plugins.auth import Auth\n"
                                 "class Lax(Auth):\n    name = 'lax'\n    Settings = BaseModel\n"),
+    "plain": ({"plain": "plain:Plain"}, "class Plain:\n    name = 'plain'\n"),
     "dup-one": ({"dup": "dup_one:Dup"}, "class Dup: ...\n"),
     "dup-two": ({"dup": "dup_two:Dup"}, "class Dup: ...\n"),
 }
@@ -64,7 +65,7 @@ def test_broken_and_clashing_packages_are_config_errors_naming_package_and_entry
     site = tmp_path / "site"
     site.mkdir()
     install_fake_packages(site)
-    result = check_config(tmp_path, site, ["auth", "broken", "not_a_class", "misnamed", "lax", "dup"])
+    result = check_config(tmp_path, site, ["auth", "broken", "not_a_class", "plain", "misnamed", "lax", "dup"])
     assert result.returncode == 2, result.stdout
     problems = result.stderr
     assert "Traceback" not in problems
@@ -77,6 +78,7 @@ def test_broken_and_clashing_packages_are_config_errors_naming_package_and_entry
         "No module named 'no_such_module_anywhere'",
         "plugin 'not_a_class' is not a gateway plugin: entry point 'not_a_class = not_a_class:make'",
         "it names function",
+        "of package 'plain 1.0': class Plain does not subclass gateway.plugins.base.PluginBase",
         "of package 'misnamed 1.0': class Plugin says its name is 'other'; make it 'misnamed'",
         "of package 'lax 1.0': Lax.Settings must forbid unknown keys",
         "plugin 'dup' is declared by more than one package",

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from exports_common.errors import ApiError, ErrorKind
 from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Settings
+from gateway.plugins.base import PluginBase, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
 
@@ -20,14 +20,14 @@ class AuthSettings(Settings):
     required: bool = True
 
 
-class Auth:
+class Auth(PluginBase[AuthSettings]):
     name: ClassVar[str] = "auth"
     Settings: ClassVar[type[AuthSettings]] = AuthSettings
+    provides: ClassVar[frozenset[str]] = frozenset({"tenant"})
 
-    def __init__(self, next: Handler, settings: AuthSettings, services: Services, route: str) -> None:
-        self.next = next
+    def __init__(self, next: Handler, settings: AuthSettings, services: Services, route: RouteInfo) -> None:
+        super().__init__(next, settings, services, route)
         self.required = settings.required
-        self.services = services
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         header = ctx.request.headers.get("authorization")

@@ -1,11 +1,22 @@
-"""What every plugin is: built once per route from its settings, then called for each request.
+"""What every plugin is: its settings, its contract with the other plugins, and its hooks.
 
 Like a Starlette middleware, a plugin wraps the next handler: it may act before
-calling it, after it, or answer without calling it at all.
+calling it, after it, or answer without calling it at all. Plugins never import
+each other; they cooperate only through typed fields of `RequestContext`, and
+each says which of them it `needs` (set by an earlier plugin) and which it
+`provides` (sets before calling the next). The chain builder checks every route
+against these declarations when the config is loaded.
+
+A plugin also owns everything else about itself: its state (`services.kv`,
+`services.shared`), its metrics (`services.metrics.tally`), its background work,
+its gauges and its part of /admin/stats, through the class-level hooks below.
+Nothing outside the plugin's module names it.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Coroutine, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -18,10 +29,95 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Plugin(Protocol):
+@dataclass(frozen=True)
+class Contract:
+    """What one use of a plugin (its settings, on a route with these methods) needs and sets on the context.
+
+    `needs`: fields an earlier plugin must provide. `provides`: fields it sets before calling
+    the next. `defaults`: fields it sets only when no earlier plugin did, so a plugin that
+    `provides` one of them must come first. `agrees`: values every plugin of the route that
+    names the same key must give alike (e.g. the prefix of task ids).
+    """
+
+    needs: frozenset[str] = frozenset()
+    provides: frozenset[str] = frozenset()
+    defaults: frozenset[str] = frozenset()
+    agrees: tuple[tuple[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
+class RouteInfo:
+    """The route a plugin instance serves: its name (the metrics label) and its upstream call.
+
+    `call_upstream` is the route's upstream policy (timeout, retry, breaker) wrapped
+    around the proxy: a plugin that makes a call of its own (rerun) goes through it.
+    """
+
+    name: str
+    upstream: str
+    methods: tuple[str, ...]
+    call_upstream: Handler
+
+
+S = TypeVar("S", bound=Settings)
+CurrentServices = Callable[[], Services]
+
+
+class PluginBase(ABC, Generic[S]):
+    """The plugin protocol, with a default for every hook and the constructor most plugins need.
+
+    A plugin subclasses it, sets `name` and `Settings`, and defines
+    `async def __call__(self, ctx: RequestContext) -> GatewayResponse`.
+    """
+
     name: ClassVar[str]
-    Settings: ClassVar[type[Any]]  # each plugin narrows it to its own model (protocol members are invariant)
+    Settings: ClassVar[type[Any]]  # its own pydantic model (a subclass of base.Settings)
+    # fields a plugin sets or needs whatever its settings; `contract` may refine them per use
+    needs: ClassVar[frozenset[str]] = frozenset()
+    provides: ClassVar[frozenset[str]] = frozenset()
+    # non-zero: part of the route's upstream call, applied around the proxy in this rank's order
+    upstream_policy: ClassVar[int] = 0
+    # its settings are one per upstream: every route to the upstream must give the same
+    per_upstream: ClassVar[bool] = False
 
-    def __init__(self, next: Handler, settings: Any, services: Services, route: str) -> None: ...
+    def __init__(self, next: Handler, settings: S, services: Services, route: RouteInfo) -> None:
+        self.next = next
+        self.settings = settings
+        self.services = services
+        self.route = route.name
 
-    async def __call__(self, ctx: RequestContext) -> GatewayResponse: ...
+    @abstractmethod
+    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
+        """Handle one request: act, call `self.next(ctx)` (or not), act on its answer."""
+
+    @classmethod
+    def contract(cls, settings: Any, methods: tuple[str, ...]) -> Contract:
+        return Contract(needs=cls.needs, provides=cls.provides)
+
+    @classmethod
+    def background(cls, current: CurrentServices) -> list[Coroutine[Any, Any, None]]:
+        """Long-running work for the life of the process; `current()` is the services in force."""
+        return []
+
+    @classmethod
+    def observe(cls, services: Services) -> None:
+        """Register the gauges read at scrape time (once per process)."""
+
+    @classmethod
+    async def before_scrape(cls, services: Services) -> None:
+        """Refresh what a gauge can only read by awaiting (a store's size), just before /metrics."""
+
+    @classmethod
+    def accepts(cls, settings: Any) -> dict[str, Any]:
+        """What these settings say the gateway accepts, for the OpenAPI document (`export_types`,
+        `max_timeout_sec` of a submit body)."""
+        return {}
+
+    @classmethod
+    async def stats(cls, services: Services) -> dict[str, Any]:
+        """This plugin's part of /admin/stats (merged into the answer's top level)."""
+        return {}
+
+
+
+Plugin = PluginBase[Any]

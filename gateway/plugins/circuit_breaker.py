@@ -5,7 +5,9 @@ request goes through (the others are refused at once) and its success closes it.
 Connect errors, timeouts and resets count toward the upstream's shared breaker.
 A listed status counts toward the calling tenant's own breaker, and toward the
 shared one only while at least two tenants see such statuses within `window_sec`
-(gateway/breakers.py): one tenant cannot open the breaker for everyone. A 4xx
+(gateway/breakers.py): one tenant cannot open the breaker for everyone. It is
+the innermost part of the route's upstream policy, whatever its place in the YAML;
+every route to an upstream must configure its breaker alike (`per_upstream`). A 4xx
 never counts, and neither does a client that goes away.
 """
 from __future__ import annotations
@@ -14,9 +16,9 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from gateway.breakers import Breaker, guarded
+from gateway.breakers import STATES, Breaker, guarded
 from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Settings
+from gateway.plugins.base import PluginBase, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
 
@@ -36,13 +38,15 @@ class CircuitBreakerSettings(Settings):
         return value
 
 
-class CircuitBreaker:
+class CircuitBreaker(PluginBase[CircuitBreakerSettings]):
     name: ClassVar[str] = "circuit_breaker"
     Settings: ClassVar[type[CircuitBreakerSettings]] = CircuitBreakerSettings
+    upstream_policy: ClassVar[int] = 3  # innermost: each try is one call the breaker judges
+    per_upstream: ClassVar[bool] = True  # one breaker per upstream, whichever route calls it
 
-    def __init__(self, next: Handler, settings: CircuitBreakerSettings, services: Services, route: str) -> None:
-        self.next = next
-        self.settings = settings
+    def __init__(self, next: Handler, settings: CircuitBreakerSettings, services: Services,
+                 route: RouteInfo) -> None:
+        super().__init__(next, settings, services, route)
         self.failures = frozenset(settings.failure_statuses)
         self.breakers = services.breakers
         self.breaker: Breaker | None = None
@@ -53,3 +57,8 @@ class CircuitBreaker:
             breaker = self.breaker = self.breakers.get(ctx.upstream, self.settings.fail_max,
                                                        self.settings.reset_timeout_sec, self.settings.window_sec)
         return await guarded(breaker, lambda: self.next(ctx), self.failures, ctx.tenant)
+
+    @classmethod
+    def observe(cls, services: Services) -> None:
+        services.metrics.observe_gauge("gateway_breaker_state", "0 closed, 1 half-open, 2 open", lambda: [
+            (STATES.get(b.state, 2), {"upstream": name}) for name, b in services.breakers.by_upstream.items()])

@@ -12,10 +12,9 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from exports_common.errors import ApiError, ErrorKind
-from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Settings
+from gateway.context import RequestContext
+from gateway.plugins.base import PluginBase, Settings
 from gateway.response import GatewayResponse
-from gateway.services import Services
 
 _ABORTS = {500: ErrorKind.INTERNAL, 502: ErrorKind.UPSTREAM_UNREACHABLE, 503: ErrorKind.UNAVAILABLE,
            504: ErrorKind.UPSTREAM_TIMEOUT}
@@ -37,13 +36,9 @@ class FaultSettings(Settings):
     header: str | None = Field(None, description="inject only into requests carrying this header")
 
 
-class Fault:
+class Fault(PluginBase[FaultSettings]):
     name: ClassVar[str] = "fault"
     Settings: ClassVar[type[FaultSettings]] = FaultSettings
-
-    def __init__(self, next: Handler, settings: FaultSettings, services: Services, route: str) -> None:
-        self.next = next
-        self.settings = settings
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         s = self.settings

@@ -36,13 +36,13 @@ from pydantic import Field
 from redis.exceptions import RedisError
 
 from exports_common.errors import ApiError, ErrorKind, validation_error
-from exports_common.json_body import read_limited
 from exports_common.task_ids import PREFIX_PATTERN, new_task_id
 from gateway.context import Handler, RequestContext
 from gateway.kv import KeyValue
-from gateway.plugins.base import Settings
+from gateway.plugins.base import Contract, PluginBase, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
+from gateway.telemetry import Tally
 
 log = logging.getLogger("gateway.idempotency")
 _KEPT_HEADERS = ("content-type", "location", "retry-after", "x-gateway-attempts")
@@ -142,18 +142,31 @@ async def _write(store: KeyValue, key: str, expected: bytes | None, value: bytes
     return written or await store.get(key) == value
 
 
-class Idempotency:
+def _store(services: Services) -> KeyValue:
+    return services.state.kv("idem", durable=True)  # a key must outlive a restart: its task may exist
+
+
+def _outcomes(services: Services) -> Tally:
+    return services.metrics.tally("gateway_idempotency", ("route", "result"), "idempotency-key outcomes")
+
+
+class Idempotency(PluginBase[IdempotencySettings]):
     name: ClassVar[str] = "idempotency"
     Settings: ClassVar[type[IdempotencySettings]] = IdempotencySettings
-    # fixes ctx.task_id before the task_id plugin runs (the route config checks the order)
-    provides: ClassVar[frozenset[str]] = frozenset({"task_id"})
 
-    def __init__(self, next: Handler, settings: IdempotencySettings, services: Services, route: str) -> None:
-        self.next = next
-        self.settings = settings
-        self.store = services.idempotency_store
-        self.metrics = services.metrics
-        self.route = route
+    def __init__(self, next: Handler, settings: IdempotencySettings, services: Services, route: RouteInfo) -> None:
+        super().__init__(next, settings, services, route)
+        self.store = _store(services)
+        self.outcomes = _outcomes(services)
+
+    @classmethod
+    def contract(cls, settings: IdempotencySettings, methods: tuple[str, ...]) -> Contract:
+        # it fixes the task id at claim time: a plugin that mints one when none is set must come after it
+        return Contract(provides=frozenset({"task_id"}), agrees=(("task_id_prefix", settings.task_id_prefix),))
+
+    @classmethod
+    async def stats(cls, services: Services) -> dict[str, Any]:
+        return {"idempotency_keys": _store(services).size()}
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         key = ctx.request.headers.get(self.settings.header)
@@ -161,10 +174,7 @@ class Idempotency:
             return await self.next(ctx)
         if not _valid_key(key):
             raise validation_error(self.settings.header, "must be 1 to 255 printable ASCII characters")
-        if ctx.body is None:
-            ctx.body = await read_limited(ctx.request.stream(), self.settings.max_body_bytes,
-                                          ctx.request.headers.get("content-length"))
-        fingerprint = _fingerprint(ctx, ctx.body)
+        fingerprint = _fingerprint(ctx, await ctx.read_body(self.settings.max_body_bytes))
         tenant = "{" + (ctx.tenant or "-") + "}"  # a hash tag: one tenant's keys share a Redis Cluster slot
         store_key = f"{tenant}:{self.route}:{key}"
         for _ in range(3):
@@ -177,7 +187,7 @@ class Idempotency:
                 answer = self._repeat(record, fingerprint)
                 if answer is not None:
                     return answer
-                self.metrics.idempotency.add(self.route, "taken_over")
+                self.outcomes.add(self.route, "taken_over")
                 # a claim written before claims held task ids has none: it gets one now
                 task_id = record.get("task_id") or new_task_id(self.settings.task_id_prefix)
                 claim = self._claim(fingerprint, task_id, record.get("token", 0) + 1)
@@ -190,7 +200,7 @@ class Idempotency:
 
     async def _reserve(self, index: str, store_key: str) -> None:
         if not await self.store.reserve(index, store_key, self.settings.ttl_sec, self.settings.max_keys_per_tenant):
-            self.metrics.idempotency.add(self.route, "quota")
+            self.outcomes.add(self.route, "quota")
             raise ApiError(ErrorKind.IDEMPOTENCY_QUOTA, data={"max_keys": self.settings.max_keys_per_tenant},
                            headers={"Retry-After": "60"})
 
@@ -207,7 +217,7 @@ class Idempotency:
             return resp
         body = await resp.read()
         await held.settle(self._record(claim, resp, body))
-        self.metrics.idempotency.add(self.route, "stored")
+        self.outcomes.add(self.route, "stored")
         return resp
 
     def _record(self, claim: Claim, resp: GatewayResponse, body: bytes) -> bytes:
@@ -224,15 +234,15 @@ class Idempotency:
     def _repeat(self, record: dict[str, Any], fingerprint: str) -> GatewayResponse | None:
         """The answer to a repeat, or None when the claim is free to take over."""
         if record["fp"] != fingerprint:
-            self.metrics.idempotency.add(self.route, "mismatch")
+            self.outcomes.add(self.route, "mismatch")
             raise ApiError(ErrorKind.IDEMPOTENCY_KEY_REUSED, data={"field": self.settings.header})
         if record["state"] != "done":
             if record.get("until", 0.0) <= time.time():
                 return None
-            self.metrics.idempotency.add(self.route, "in_flight")
+            self.outcomes.add(self.route, "in_flight")
             # the first request usually ends well before its lease would lapse: ask again soon
             raise ApiError(ErrorKind.IDEMPOTENCY_IN_FLIGHT, headers={"Retry-After": "1"})
-        self.metrics.idempotency.add(self.route, "replayed")
+        self.outcomes.add(self.route, "replayed")
         headers = [(k, v) for k, v in record["headers"]] + [("idempotent-replayed", "true")]
         if "body" in record:
             return GatewayResponse(record["status"], headers, base64.b64decode(record["body"]))

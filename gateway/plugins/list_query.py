@@ -8,22 +8,19 @@ from __future__ import annotations
 from typing import ClassVar
 
 from exports_common.list_query import check_list_query
-from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Settings
+from gateway.context import RequestContext
+from gateway.plugins.base import PluginBase, Settings
 from gateway.response import GatewayResponse
-from gateway.services import Services
 
 
 class ListQuerySettings(Settings):
     pass
 
 
-class ListQuery:
+class ListQuery(PluginBase[ListQuerySettings]):
     name: ClassVar[str] = "list_query"
     Settings: ClassVar[type[ListQuerySettings]] = ListQuerySettings
-
-    def __init__(self, next: Handler, settings: ListQuerySettings, services: Services, route: str) -> None:
-        self.next = next
+    provides: ClassVar[frozenset[str]] = frozenset({"query"})
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         ctx.query = check_list_query(ctx.request.query_params.multi_items()).encode()

@@ -13,17 +13,13 @@ answers 429 (code 42901) at that quota, which passes through as it is.
 """
 from __future__ import annotations
 
-import math
 from typing import ClassVar, Literal
 
 from pydantic import Field
-from starlette.types import Scope
 
-from exports_common.errors import ApiError, ErrorKind
-from gateway.client_address import client_address
+from gateway.address_limit import check_address, ratelimit_headers, refusal
 from gateway.context import Handler, RequestContext
-from gateway.limiter import Decision, Quota
-from gateway.plugins.base import Settings
+from gateway.plugins.base import PluginBase, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
 
@@ -35,43 +31,14 @@ class RateLimitSettings(Settings):
     active_tasks: bool = Field(False, description="send the tenant's max_active_tasks to the upstream")
 
 
-def ratelimit_headers(policy: str, quota: Quota, decision: Decision) -> dict[str, str]:
-    wait = decision.reset if decision.allowed else decision.retry_after
-    return {
-        "RateLimit-Policy": f'"{policy}";q={quota.burst};w={max(1, math.ceil(quota.window_sec))}',
-        "RateLimit": f'"{policy}";r={decision.remaining};t={math.ceil(wait)}',
-    }
-
-
-def refusal(policy: str, quota: Quota, decision: Decision, who: str) -> ApiError:
-    seconds = max(1, math.ceil(decision.retry_after))
-    return ApiError(
-        ErrorKind.RATE_LIMITED,
-        f"{who} is over its {policy} limit ({quota.per_sec:g}/s, bursts of {quota.burst}); retry after {seconds} s",
-        data={"limit": policy, "per_sec": quota.per_sec, "burst": quota.burst, "retry_after_sec": seconds},
-        headers={"Retry-After": str(seconds), **ratelimit_headers(policy, quota, decision)},
-    )
-
-
-async def check_address(services: Services, scope: Scope) -> None:
-    """The per-address limit for a request no tenant answers for; raises 429 over it."""
-    limits = services.tenants.limits
-    address = client_address(scope)
-    decision = await services.limiter.hit(f"addr:{address}", "address", limits.per_address,
-                                          limits.gateway_processes)
-    if not decision.allowed:
-        raise refusal("address", limits.per_address, decision, f"client address {address}")
-
-
-class RateLimit:
+class RateLimit(PluginBase[RateLimitSettings]):
     name: ClassVar[str] = "rate_limit"
     Settings: ClassVar[type[RateLimitSettings]] = RateLimitSettings
 
-    def __init__(self, next: Handler, settings: RateLimitSettings, services: Services, route: str) -> None:
-        self.next = next
+    def __init__(self, next: Handler, settings: RateLimitSettings, services: Services, route: RouteInfo) -> None:
+        super().__init__(next, settings, services, route)
         self.limit = settings.limit
         self.active_tasks = settings.active_tasks
-        self.services = services
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         tenants = self.services.tenants

@@ -8,14 +8,15 @@ is, and that is what the client gets. At most `max_reruns` re-runs per task.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from exports_common.errors import ApiError
 from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Settings
-from gateway.proxy import upstream_headers
+from gateway.plugins.base import PluginBase, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
 from gateway.upstream import UpstreamError
@@ -42,15 +43,15 @@ class RerunSettings(Settings):
     param: str = "task_id"
 
 
-class Rerun:
+class Rerun(PluginBase[RerunSettings]):
     name: ClassVar[str] = "rerun"
     Settings: ClassVar[type[RerunSettings]] = RerunSettings
 
-    def __init__(self, next: Handler, settings: RerunSettings, services: Services, route: str) -> None:
-        self.next = next
-        self.settings = settings
-        self.services = services
-        self.route = route
+    def __init__(self, next: Handler, settings: RerunSettings, services: Services, route: RouteInfo) -> None:
+        super().__init__(next, settings, services, route)
+        self.call_upstream = route.call_upstream
+        self.outcomes = services.metrics.tally("gateway_reruns", ("route", "outcome"),
+                                               "TIMEOUT/FAILED re-runs asked for")
         self.overrides = settings.overrides.model_dump(exclude_none=True)
 
     def _eligible(self, task: Any) -> bool:
@@ -74,18 +75,21 @@ class Rerun:
 
     async def _rerun(self, ctx: RequestContext, task: dict[str, Any]) -> dict[str, Any] | None:
         """The task after asking for the re-run (ours or another gateway's), or None if unknown now."""
-        upstream = self.services.upstreams[ctx.upstream]
-        url = upstream.url + self.settings.path.format(task_id=ctx.params.get(self.settings.param, ""))
         body = json.dumps({"expected_attempt": task["attempt"], "overrides": self.overrides}).encode()
-        forwarded = upstream_headers(ctx, self.services.trusted_proxies)
-        headers = [h for h in forwarded if h[0] != "content-type"] + [("content-type", "application/json")]
+        # through the route's upstream policy, as the status read went: the breaker, retry budget, upstream
+        # metrics and client span see the re-run too (the upstream refuses a repeat of it with 409)
+        path = self.settings.path.format(task_id=ctx.params.get(self.settings.param, ""))
+        call = dataclasses.replace(
+            ctx, method="POST", upstream_path=path,
+            query="", body=body, upstream_headers={**ctx.upstream_headers, "content-type": "application/json"},
+            response_headers={}, attempt=1, retry_reason=None)
         try:
-            answer = await self.services.client.request("POST", url, headers, body, ctx.timeouts or upstream.timeouts)
+            answer = await self.call_upstream(call)
             doc = json.loads(await answer.read())
-        except (UpstreamError, ValueError):
-            self.services.metrics.reruns.add(self.route, "error")
+        except (UpstreamError, ApiError, ValueError):  # ApiError: the tenant's own breaker is open
+            self.outcomes.add(self.route, "error")
             return None
         outcome = {200: "started", 409: "already_started"}.get(answer.status, f"refused_{answer.status}")
-        self.services.metrics.reruns.add(self.route, outcome)
+        self.outcomes.add(self.route, outcome)
         data = doc.get("data") if isinstance(doc, dict) else None
         return data if answer.status in (200, 409) and isinstance(data, dict) else None

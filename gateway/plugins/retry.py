@@ -1,7 +1,10 @@
 """retry: idempotent requests are tried again on connect errors, timeouts, resets and chosen statuses.
 
-Idempotent means GET, HEAD, or a request that carries the gateway's task id
-(a submit: the backend's create is idempotent by task id). Backoff is
+Idempotent means GET, HEAD, or a request with a task id on the context
+(`ctx.task_id`: a submit's create is idempotent by task id), so on a route with
+other methods retry needs `task_id`, which the config check makes sure an earlier
+plugin provides. It is part of the route's upstream policy, inside timeout and
+around circuit_breaker, whatever its place in the YAML. Backoff is
 exponential with full jitter; an upstream `Retry-After` is honoured when it fits
 in what is left of the total deadline. A retry budget per upstream caps retries
 at a share of requests (gateway/retry_budget.py), so a failing upstream is not
@@ -12,18 +15,18 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from exports_common.json_body import read_limited
 from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Settings
+from gateway.plugins.base import Contract, PluginBase, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.retry_budget import RetryBudget
 from gateway.services import Services
 from gateway.upstream import UpstreamError
 
+IDEMPOTENT_METHODS = ("GET", "HEAD")
 Reason = Literal["connect_error", "timeout", "reset"] | int
 
 
@@ -57,21 +60,38 @@ def retry_after_seconds(value: str | None) -> float | None:
     return float(value.strip())
 
 
-class Retry:
+class Retry(PluginBase[RetrySettings]):
     name: ClassVar[str] = "retry"
     Settings: ClassVar[type[RetrySettings]] = RetrySettings
+    upstream_policy: ClassVar[int] = 2
 
-    def __init__(self, next: Handler, settings: RetrySettings, services: Services, route: str) -> None:
-        self.next = next
-        self.settings = settings
-        self.services = services
-        self.route = route
+    def __init__(self, next: Handler, settings: RetrySettings, services: Services, route: RouteInfo) -> None:
+        super().__init__(next, settings, services, route)
         self.kinds = {r for r in settings.retry_on if isinstance(r, str)}
         self.statuses = {r for r in settings.retry_on if isinstance(r, int)}
+        for reason in settings.retry_on:
+            services.metrics.retries.seed(route.upstream, route.name, str(reason))
         self.budget: RetryBudget | None = None
 
-    def _idempotent(self, ctx: RequestContext) -> bool:
-        return ctx.method in ("GET", "HEAD") or "x-task-id" in ctx.upstream_headers
+    @classmethod
+    def contract(cls, settings: RetrySettings, methods: tuple[str, ...]) -> Contract:
+        writes = settings.attempts > 1 and any(m not in IDEMPOTENT_METHODS for m in methods)
+        return Contract(needs=frozenset({"task_id"}) if writes else frozenset())
+
+    @classmethod
+    def observe(cls, services: Services) -> None:
+        budgets = services.retry_budgets.by_upstream
+        services.metrics.observe_gauge(
+            "gateway_retries_in_flight", "retries in flight, by upstream (the budget caps them)",
+            lambda: [(b.retries_in_flight, {"upstream": name}) for name, b in budgets.items()])
+
+    @classmethod
+    async def stats(cls, services: Services) -> dict[str, Any]:
+        return {"retry_budget": {name: b.describe() for name, b in services.retry_budgets.by_upstream.items()}}
+
+    @staticmethod
+    def _idempotent(ctx: RequestContext) -> bool:
+        return ctx.method in IDEMPOTENT_METHODS or ctx.task_id is not None
 
     def _backoff(self, retry: int) -> float:
         b = self.settings.backoff
@@ -80,9 +100,8 @@ class Retry:
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         if self.settings.attempts == 1 or not self._idempotent(ctx):
             return await self.next(ctx)
-        if ctx.body is None and ctx.method not in ("GET", "HEAD"):
-            ctx.body = await read_limited(ctx.request.stream(), self.settings.max_body_bytes,
-                                          ctx.request.headers.get("content-length"))
+        if ctx.method not in IDEMPOTENT_METHODS:
+            await ctx.read_body(self.settings.max_body_bytes)
         budget = self.budget
         if budget is None:  # a route has one upstream
             budget = self.budget = self.services.retry_budgets.get(ctx.upstream)
@@ -110,7 +129,7 @@ class Retry:
             if isinstance(result, GatewayResponse):
                 result.close()
             self.services.metrics.retries.add(ctx.upstream, self.route, str(reason))
-            ctx.notes["retry_reason"] = reason
+            ctx.retry_reason = str(reason)
             attempt += 1
             try:
                 result, reason, hint = await self._try(ctx, attempt)

@@ -14,10 +14,9 @@ from typing import Any, ClassVar, Literal
 
 from exports_common.errors import ApiError, ErrorKind
 from exports_common.timefmt import parse_rfc3339
-from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Settings
+from gateway.context import RequestContext
+from gateway.plugins.base import PluginBase, Settings
 from gateway.response import GatewayResponse
-from gateway.services import Services
 
 _EXPIRES = re.compile(r"[0-9]{1,12}")  # unix seconds: 12 digits reach the year 33658
 
@@ -28,14 +27,9 @@ class SignedDownloadSettings(Settings):
     param: str = "task_id"
 
 
-class SignedDownload:
+class SignedDownload(PluginBase[SignedDownloadSettings]):
     name: ClassVar[str] = "signed_download"
     Settings: ClassVar[type[SignedDownloadSettings]] = SignedDownloadSettings
-
-    def __init__(self, next: Handler, settings: SignedDownloadSettings, services: Services, route: str) -> None:
-        self.next = next
-        self.settings = settings
-        self.services = services
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         if self.settings.action == "verify":

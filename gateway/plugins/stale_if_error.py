@@ -14,7 +14,7 @@ from pydantic import Field
 
 from exports_common.errors import unavailable
 from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Settings
+from gateway.plugins.base import PluginBase, RouteInfo, Settings
 from gateway.response import GatewayResponse, freeze, thaw
 from gateway.services import Services
 from gateway.upstream import UpstreamError
@@ -27,16 +27,17 @@ class StaleIfErrorSettings(Settings):
     retry_after_sec: int = Field(5, ge=1, description="Retry-After on a 503 when no breaker says better")
 
 
-class StaleIfError:
+class StaleIfError(PluginBase[StaleIfErrorSettings]):
     name: ClassVar[str] = "stale_if_error"
     Settings: ClassVar[type[StaleIfErrorSettings]] = StaleIfErrorSettings
+    needs: ClassVar[frozenset[str]] = frozenset({"tenant"})  # answers are kept per tenant
 
-    def __init__(self, next: Handler, settings: StaleIfErrorSettings, services: Services, route: str) -> None:
-        self.next = next
-        self.settings = settings
-        self.store = services.state.last_seen
-        self.metrics = services.metrics
-        self.route = route
+    def __init__(self, next: Handler, settings: StaleIfErrorSettings, services: Services, route: RouteInfo) -> None:
+        super().__init__(next, settings, services, route)
+        self.store = services.state.kv("seen")
+        self.degraded = services.metrics.degraded
+        for kind in ("stale", "unavailable"):
+            self.degraded.seed(self.route, kind)
         self.on_statuses = frozenset(settings.on_statuses)
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
@@ -55,10 +56,10 @@ class StaleIfError:
     async def _fallback(self, key: str, retry_after: float | None) -> GatewayResponse:
         raw = await self.store.get(key)
         if raw is None:
-            self.metrics.degraded.add(self.route, "unavailable")
+            self.degraded.add(self.route, "unavailable")
             raise unavailable("the upstream cannot answer and no earlier state is known",
                               retry_after or self.settings.retry_after_sec)
-        self.metrics.degraded.add(self.route, "stale")
+        self.degraded.add(self.route, "stale")
         resp, stored_at = thaw(raw)
         resp.set_header("x-degraded", "stale")
         resp.set_header("age", str(max(0, int(time.time() - stored_at))))

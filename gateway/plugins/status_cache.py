@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
 from exports_common.timefmt import parse_rfc3339
 from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Settings
+from gateway.kv import KeyValue
+from gateway.plugins.base import PluginBase, RouteInfo, Settings
 from gateway.response import GatewayResponse, freeze, thaw
 from gateway.services import Services
+from gateway.telemetry import Tally
 
 TERMINAL = ["COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"]
 
@@ -43,35 +45,52 @@ def _answer(snapshot: bytes, cache: str) -> GatewayResponse:
     return resp
 
 
-class StatusCache:
+def _store(services: Services) -> KeyValue:
+    return services.state.kv("cache")
+
+
+def _lookups(services: Services) -> Tally:
+    return services.metrics.tally("gateway_status_cache", ("route", "result"),
+                                  "status cache lookups: hit, miss, coalesced")
+
+
+class StatusCache(PluginBase[StatusCacheSettings]):
     name: ClassVar[str] = "status_cache"
     Settings: ClassVar[type[StatusCacheSettings]] = StatusCacheSettings
+    needs: ClassVar[frozenset[str]] = frozenset({"tenant"})  # entries are per tenant: one never reads another's
 
-    def __init__(self, next: Handler, settings: StatusCacheSettings, services: Services, route: str) -> None:
-        self.next = next
-        self.settings = settings
+    def __init__(self, next: Handler, settings: StatusCacheSettings, services: Services, route: RouteInfo) -> None:
+        super().__init__(next, settings, services, route)
         self.terminal = frozenset(settings.terminal_statuses)
-        self.store = services.status_cache
-        self.metrics = services.metrics
-        self.route = route
+        self.store = _store(services)
+        self.lookups = _lookups(services)
+        for result in ("hit", "miss", "coalesced"):
+            self.lookups.seed(self.route, result)
         self._in_flight: dict[str, asyncio.Future[bytes]] = {}
+
+    @classmethod
+    async def stats(cls, services: Services) -> dict[str, Any]:
+        lookups = _lookups(services)
+        return {"status_cache": {"entries": _store(services).size(), "hits": lookups.total(result="hit"),
+                                 "misses": lookups.total(result="miss"),
+                                 "coalesced": lookups.total(result="coalesced")}}
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         key = ctx.tenant_key(self.settings.param)
         raw = await self.store.get(key)
         if raw is not None:
-            self.metrics.cache.add(self.route, "hit")
+            self.lookups.add(self.route, "hit")
             return _answer(raw, "HIT")
         while (leader := self._in_flight.get(key)) is not None:
             try:
                 shared = await asyncio.shield(leader)
-                self.metrics.cache.add(self.route, "coalesced")
+                self.lookups.add(self.route, "coalesced")
                 return _answer(shared, "MISS")
             except asyncio.CancelledError:
                 if not leader.cancelled():
                     raise
                 # the leader's client went away: follow the next leader, or become it
-        self.metrics.cache.add(self.route, "miss")
+        self.lookups.add(self.route, "miss")
         return _answer(await self._fetch(ctx, key), "MISS")
 
     async def _fetch(self, ctx: RequestContext, key: str) -> bytes:

@@ -2,7 +2,7 @@
 
 `generate` (on the submit route) sends the task's id upstream as `X-Task-Id`: the
 one an earlier plugin fixed on the context (`idempotency` does, at claim time, so
-a retried submit re-sends it), else a fresh one. It and turns the upstream's 200/201 into the contract's 202 with
+a retried submit re-sends it), else a fresh one. It turns the upstream's 200/201 into the contract's 202 with
 `Location` and `Retry-After`. `check` (on routes with a task id in the path)
 answers 404 at once for anything that is not a task id, without an upstream call.
 """
@@ -14,10 +14,9 @@ from pydantic import Field
 
 from exports_common.errors import ApiError, ErrorKind
 from exports_common.task_ids import PREFIX_PATTERN, is_task_id, new_task_id
-from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Settings
+from gateway.context import RequestContext
+from gateway.plugins.base import Contract, PluginBase, Settings
 from gateway.response import GatewayResponse
-from gateway.services import Services
 
 
 class TaskIdSettings(Settings):
@@ -28,13 +27,16 @@ class TaskIdSettings(Settings):
     retry_after_sec: int = Field(1, ge=1, description="generate: when to poll first")
 
 
-class TaskId:
+class TaskId(PluginBase[TaskIdSettings]):
     name: ClassVar[str] = "task_id"
     Settings: ClassVar[type[TaskIdSettings]] = TaskIdSettings
 
-    def __init__(self, next: Handler, settings: TaskIdSettings, services: Services, route: str) -> None:
-        self.next = next
-        self.settings = settings
+    @classmethod
+    def contract(cls, settings: TaskIdSettings, methods: tuple[str, ...]) -> Contract:
+        if settings.action == "check":
+            return Contract(provides=frozenset({"task_id"}))
+        # generate mints an id only when an earlier plugin fixed none, and every id of the route has one prefix
+        return Contract(defaults=frozenset({"task_id"}), agrees=(("task_id_prefix", settings.prefix),))
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         if self.settings.action == "check":

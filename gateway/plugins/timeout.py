@@ -1,14 +1,16 @@
 """timeout: `connect` and `read` bound each try; `total` bounds the whole request, all tries included.
 
-This plugin only sets the bounds in the context; the proxy applies them where
-the waiting happens. Each try's connect and read timeouts are cut to what is
-left of `total`, so a try that runs into the deadline fails as a timeout (and
-counts as one for the breaker); a socket read timeout bounds each read, not a
-whole answer, so the proxy also holds each try to the deadline itself. Retries
-do not start a backoff that would end past it. `total` bounds the time to the
-answer's headers; a body is then bounded per read by `read`, and a download
-streams on for as long as it takes. Nothing is armed for a request that never
-reaches the upstream (an open breaker answers without paying for a timer).
+It is part of the route's upstream policy (with retry and circuit_breaker): the
+chain builder puts it around the proxy whatever its place in the YAML. It sets
+the bounds in the context; the proxy applies them where the waiting happens.
+Each try's connect and read timeouts are cut to what is left of `total`, so a
+try that runs into the deadline fails as a timeout (and counts as one for the
+breaker); a socket read timeout bounds each read, not a whole answer, so the
+proxy also holds each try to the deadline itself. Retries do not start a backoff
+that would end past it. `total` bounds the time to the answer's headers; a body
+is then bounded per read by `read`, and a download streams on for as long as it
+takes. Nothing is armed for a request that never reaches the upstream (an open
+breaker answers without paying for a timer).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Settings
+from gateway.plugins.base import PluginBase, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
 from gateway.upstream import Timeouts
@@ -30,13 +32,13 @@ class TimeoutSettings(Settings):
     total: float = Field(30.0, gt=0, description="seconds for the whole request, all tries included")
 
 
-class Timeout:
+class Timeout(PluginBase[TimeoutSettings]):
     name: ClassVar[str] = "timeout"
     Settings: ClassVar[type[TimeoutSettings]] = TimeoutSettings
+    upstream_policy: ClassVar[int] = 1  # outermost: `total` covers every try and every backoff
 
-    def __init__(self, next: Handler, settings: TimeoutSettings, services: Services, route: str) -> None:
-        self.next = next
-        self.settings = settings
+    def __init__(self, next: Handler, settings: TimeoutSettings, services: Services, route: RouteInfo) -> None:
+        super().__init__(next, settings, services, route)
         self.per_try = Timeouts(connect=settings.connect, read=settings.read)
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:

@@ -2,20 +2,20 @@
 
 Content type (415), size (413), JSON syntax (400), nesting and field types (422),
 and the callback URL: refused unless it is public or allow-listed here (SSRF).
-The body is kept in the context for the plugins and the proxy after this one.
+It provides `body` and `json` on the context for the plugins and the proxy after it.
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
 from exports_common.errors import validation_error
-from exports_common.json_body import MAX_DEPTH, parse_json, read_limited
+from exports_common.json_body import MAX_DEPTH, parse_json
 from exports_common.netpolicy import AddressPolicy, refusal
 from exports_common.submit_body import check_submit_body
 from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Settings
+from gateway.plugins.base import PluginBase, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
 
@@ -35,19 +35,23 @@ class ValidateSettings(Settings):
     callback: CallbackPolicy = Field(default_factory=CallbackPolicy)
 
 
-class Validate:
+class Validate(PluginBase[ValidateSettings]):
     name: ClassVar[str] = "validate"
     Settings: ClassVar[type[ValidateSettings]] = ValidateSettings
+    provides: ClassVar[frozenset[str]] = frozenset({"body", "json"})
 
-    def __init__(self, next: Handler, settings: ValidateSettings, services: Services, route: str) -> None:
-        self.next = next
-        self.settings = settings
+    def __init__(self, next: Handler, settings: ValidateSettings, services: Services, route: RouteInfo) -> None:
+        super().__init__(next, settings, services, route)
         self.policy = AddressPolicy.from_lists(settings.callback.allow_hosts, settings.callback.allow_networks)
+
+    @classmethod
+    def accepts(cls, settings: ValidateSettings) -> dict[str, Any]:
+        return {"export_types": settings.export_types, "max_timeout_sec": settings.max_timeout_sec}
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         s = self.settings
         headers = ctx.request.headers
-        body = await read_limited(ctx.request.stream(), s.max_body_bytes, headers.get("content-length"))
+        body = await ctx.read_body(s.max_body_bytes)
         value = parse_json(body, headers.get("content-type"), s.max_depth)
         shape = check_submit_body(value, s.export_types, s.max_timeout_sec, s.default_timeout_sec,
                                   s.max_filters_bytes)
@@ -55,5 +59,5 @@ class Validate:
             reason = await refusal(shape.callback_url, self.policy)
             if reason is not None:
                 raise validation_error("callback_url", f"refused: {reason}; ask the operator to allow-list it")
-        ctx.body, ctx.json = body, value
+        ctx.json = value
         return await self.next(ctx)

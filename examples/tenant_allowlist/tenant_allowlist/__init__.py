@@ -21,7 +21,7 @@ from pydantic import Field
 
 from exports_common.errors import ApiError, ErrorKind
 from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Settings
+from gateway.plugins.base import PluginBase, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
 
@@ -33,17 +33,19 @@ class TenantAllowlistSettings(Settings):
                                                          "that may use this route")
 
 
-class TenantAllowlist:
+class TenantAllowlist(PluginBase[TenantAllowlistSettings]):
     name: ClassVar[str] = "tenant_allowlist"
     Settings: ClassVar[type[TenantAllowlistSettings]] = TenantAllowlistSettings
+    # the route's check refuses a chain where no earlier plugin (auth) sets the tenant
+    needs: ClassVar[frozenset[str]] = frozenset({"tenant"})
 
-    def __init__(self, next: Handler, settings: TenantAllowlistSettings, services: Services, route: str) -> None:
-        self.next = next
+    def __init__(self, next: Handler, settings: TenantAllowlistSettings, services: Services,
+                 route: RouteInfo) -> None:
+        super().__init__(next, settings, services, route)
         self.tenants = frozenset(settings.tenants)
-        self.route = route
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        if ctx.tenant is None:
+        if ctx.tenant is None:  # auth with `required: false`, and no key sent
             raise ApiError(ErrorKind.UNAUTHORIZED, headers={"WWW-Authenticate": 'Bearer realm="exports"'})
         if ctx.tenant not in self.tenants:
             log.info("tenant not on the route's allow-list", extra={"route": self.route, "tenant": ctx.tenant})

@@ -10,18 +10,20 @@ same plugin answers PENDING for a task still waiting in the outbox.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Coroutine, Literal
 
 from pydantic import Field
 
 from exports_common.errors import ApiError, ErrorKind, unavailable
 from exports_common.timefmt import rfc3339
 from gateway.context import Handler, RequestContext
-from gateway.outbox_store import OutboxItem, new_item
-from gateway.plugins.base import Settings
-from gateway.proxy import upstream_headers
+from gateway.headers import upstream_headers
+from gateway.plugins.base import Contract, CurrentServices, PluginBase, RouteInfo, Settings
+from gateway.plugins.outbox.drainer import OutboxDrainer
+from gateway.plugins.outbox.store import OutboxItem, OutboxStore, RedisOutbox, SqliteOutbox, new_item
 from gateway.response import GatewayResponse
 from gateway.services import Services
+from gateway.telemetry import Tally
 from gateway.upstream import UpstreamError
 
 UNAVAILABLE = frozenset({502, 503, 504})
@@ -44,18 +46,62 @@ def pending_task(item: OutboxItem, body: Any) -> dict[str, Any]:
     }
 
 
-class Outbox:
+def _store(services: Services) -> OutboxStore:
+    state = services.state
+    return state.shared("outbox", lambda: RedisOutbox(state.redis, state.prefix) if state.redis is not None
+                        else SqliteOutbox(state.path))
+
+
+def _deliveries(services: Services) -> Tally:
+    tally = services.metrics.tally("gateway_outbox", ("outcome",), "outboxed submissions delivered or refused")
+    for outcome in ("delivered", "refused"):
+        tally.seed(outcome)
+    return tally
+
+
+class Outbox(PluginBase[OutboxSettings]):
     name: ClassVar[str] = "outbox"
     Settings: ClassVar[type[OutboxSettings]] = OutboxSettings
 
-    def __init__(self, next: Handler, settings: OutboxSettings, services: Services, route: str) -> None:
-        self.next = next
-        self.settings = settings
-        self.store = services.outbox
+    def __init__(self, next: Handler, settings: OutboxSettings, services: Services, route: RouteInfo) -> None:
+        super().__init__(next, settings, services, route)
+        self.store = _store(services)
         self.trusted = services.trusted_proxies
         self.tenants = services.tenants
-        self.metrics = services.metrics
-        self.route = route
+        self.degraded = services.metrics.degraded
+        for kind in ("outbox", "outbox_pending", "reject"):
+            self.degraded.seed(self.route, kind)
+
+    @classmethod
+    def contract(cls, settings: OutboxSettings, methods: tuple[str, ...]) -> Contract:
+        """Reads find a task waiting per tenant; `mode: outbox` stores a write as the tenant's, under its
+        task id, with its body (read by an earlier plugin: the proxy's stream is gone by then)."""
+        writes = any(m not in ("GET", "HEAD") for m in methods)
+        if writes and settings.mode == "outbox":
+            return Contract(needs=frozenset({"tenant", "task_id", "body"}))
+        return Contract(needs=frozenset({"tenant"}) if not writes else frozenset())
+
+    @classmethod
+    def background(cls, current: CurrentServices) -> list[Coroutine[Any, Any, None]]:
+        services = current()
+        return [OutboxDrainer(current, _store(services), _deliveries(services)).run()]
+
+    @classmethod
+    def observe(cls, services: Services) -> None:
+        metrics = services.metrics
+        metrics.observe_gauge("gateway_outbox_depth", "submissions waiting in the outbox for their upstream",
+                              lambda: [(metrics.async_values.get("outbox_depth", 0.0), {})])
+
+    @classmethod
+    async def before_scrape(cls, services: Services) -> None:
+        services.metrics.async_values["outbox_depth"] = float(await _store(services).size())
+
+    @classmethod
+    async def stats(cls, services: Services) -> dict[str, Any]:
+        deliveries = _deliveries(services)
+        return {"outbox": {"pending": await _store(services).size(),
+                           "delivered": deliveries.total(outcome="delivered"),
+                           "refused": deliveries.total(outcome="refused")}}
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         if ctx.method in ("GET", "HEAD"):
@@ -70,27 +116,29 @@ class Outbox:
         return resp
 
     async def _degrade(self, ctx: RequestContext, retry_after: float | None) -> GatewayResponse:
+        # tenant and task id are declared needs, checked at config time; auth with `required: false`
+        # may still leave a request without a tenant, and such a submit is nobody's to keep
         if self.settings.mode == "reject" or ctx.task_id is None or ctx.tenant is None:
-            self.metrics.degraded.add(self.route, "reject")
+            self.degraded.add(self.route, "reject")
             raise unavailable("the export service is unavailable", retry_after or self.settings.retry_after_sec)
         await self._check_room(ctx.tenant)
         headers = [(k, v) for k, v in upstream_headers(ctx, self.trusted) if k != "x-gateway-attempt"]
         item = new_item(ctx.task_id, ctx.tenant, ctx.upstream, ctx.method, ctx.upstream_path, headers,
                         ctx.body or b"")
         await self.store.put(item)
-        self.metrics.degraded.add(self.route, "outbox")
+        self.degraded.add(self.route, "outbox")
         return GatewayResponse.envelope(pending_task(item, ctx.json), status=202)
 
     async def _check_room(self, tenant: str) -> None:
         cap = self.tenants.limits_of(tenant).max_outbox_entries
         waiting = await self.store.tenant_size(tenant)
         if waiting >= cap:
-            self.metrics.degraded.add(self.route, "outbox_tenant_full")
+            self.degraded.add(self.route, "outbox_tenant_full")
             raise ApiError(ErrorKind.OUTBOX_FULL, f"tenant {tenant} has {waiting} submissions waiting for the export "
                            f"service, its limit; retry once it is back", data={"waiting": waiting, "limit": cap},
                            headers={"Retry-After": str(self.settings.retry_after_sec)})
         if await self.store.size() >= self.settings.capacity:
-            self.metrics.degraded.add(self.route, "outbox_full")
+            self.degraded.add(self.route, "outbox_full")
             raise unavailable("the export service is unavailable and the gateway's outbox is full",
                               self.settings.retry_after_sec)
 
@@ -111,6 +159,6 @@ class Outbox:
         return resp
 
     def _pending(self, item: OutboxItem) -> GatewayResponse:
-        self.metrics.degraded.add(self.route, "outbox_pending")
+        self.degraded.add(self.route, "outbox_pending")
         body = json.loads(item.body_bytes or b"{}")
         return GatewayResponse.envelope(pending_task(item, body), headers={"Retry-After": "1"})

@@ -22,9 +22,10 @@ from redis.exceptions import RedisError
 
 from exports_common.errors import ApiError
 from gateway.breakers import guarded
-from gateway.outbox_store import OutboxItem
+from gateway.plugins.outbox.store import OutboxItem, OutboxStore
 from gateway.response import GatewayResponse
 from gateway.services import Services
+from gateway.telemetry import Tally
 from gateway.upstream import UpstreamError
 
 log = logging.getLogger("gateway.outbox")
@@ -32,8 +33,11 @@ FAILURE_STATUSES = frozenset({500, 502, 503, 504})
 
 
 class OutboxDrainer:
-    def __init__(self, services: Callable[[], Services], interval_sec: float = 0.5, max_backoff_sec: float = 5.0):
+    def __init__(self, services: Callable[[], Services], store: OutboxStore, delivered: Tally,
+                 interval_sec: float = 0.5, max_backoff_sec: float = 5.0):
         self.services = services
+        self.store = store
+        self.delivered = delivered
         self.interval = interval_sec
         self.max_backoff = max_backoff_sec
         self.owner = f"{socket.gethostname()}-{os.getpid()}"
@@ -57,7 +61,7 @@ class OutboxDrainer:
     async def drain_once(self) -> bool:
         """Deliver what can be delivered; False when the upstream is still failing."""
         services = self.services()
-        outbox = services.outbox
+        outbox = self.store
         while True:
             if not await outbox.lock(self.owner, ttl=self._lease(services)):
                 return True
@@ -96,7 +100,7 @@ class OutboxDrainer:
         if resp.status >= 500:
             return False
         outcome = "delivered" if resp.status < 400 else "refused"
-        services.metrics.outbox.add(outcome)
+        self.delivered.add(outcome)
         level = logging.INFO if outcome == "delivered" else logging.ERROR
         log.log(level, f"outboxed submission {outcome}", extra={"task_id": item.task_id, "status": resp.status})
         return True
