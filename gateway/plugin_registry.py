@@ -99,6 +99,10 @@ class Registry:
         found = (self.resolve(name) for name in self.names())
         return [plugin for plugin in found if not isinstance(plugin, str)]
 
+    def problems(self) -> list[str]:
+        """Why each unusable name cannot be used (an installed package that is broken or clashes)."""
+        return [found for found in map(self.resolve, self.names()) if isinstance(found, str)]
+
     def describe(self) -> tuple[list[str], int]:
         """One line per plugin name (where it comes from, or why no route can use it), and how many are unusable."""
         lines, unusable = [], 0

@@ -111,6 +111,8 @@ def open_services(config: GatewayConfig) -> Services:
 async def running(holder: RuntimeHolder) -> AsyncIterator[None]:
     """From start to shutdown: services open, the first Runtime in force, reload triggers armed."""
     services = open_services(holder.initial_config)
+    for problem in registry().problems():  # said once at start; a route naming it is refused with the same words
+        log.warning("an installed plugin cannot be used", extra={"problem": problem})
     holder.observe(services)
     holder.apply(build_runtime(holder.initial_config, services))
     # the plugins' background work (the outbox's drainer) runs on whatever services are in force

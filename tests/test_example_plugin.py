@@ -5,6 +5,8 @@ gateway finds it through its entry point, as it would any plugin a backend team 
 """
 from __future__ import annotations
 
+import json
+import os
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable
@@ -16,8 +18,8 @@ import yaml
 from exports_common.config_loader import ConfigError, load_model
 from gateway.config import GatewayConfig
 from tests.conftest import DEMO2_KEY, DEMO_KEY, gateway_config
-from tests.helpers import upstream_calls
-from tests.procs import Service
+from tests.helpers import install_distribution, upstream_calls
+from tests.procs import ROOT, Service
 
 BETA = {"name": "beta", "path": "/beta/{rest}", "methods": ["GET"], "upstream": "echo", "rewrite": "/got/{rest}",
         "plugins": [{"auth": {"required": False}}, {"tenant_allowlist": {"tenants": ["demo"]}}]}
@@ -37,7 +39,13 @@ def test_a_route_open_to_listed_tenants_only(services: Callable[..., Service], t
     config = gateway_config(tmp_path, echo.url)
     config["upstreams"]["echo"] = {"url": echo.url}
     config["routes"] = [BETA]
-    gateway = services("gateway", config, name="gateway")
+    # beside it, an installed package whose plugin cannot be imported, which no route names
+    site = tmp_path / "site"
+    site.mkdir()
+    install_distribution(site, "broken-plugin", {"broken": "broken_plugin:Broken"}, "import no_such_module\n")
+    gateway = services("gateway", config, name="gateway", PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))
+    warning = next(json.loads(line) for line in gateway.log().splitlines() if "cannot be used" in line)
+    assert warning["level"] == "warning" and "'broken-plugin 1.0'" in warning["problem"]
     with httpx.Client(base_url=gateway.url, timeout=10) as client:
         allowed = client.get("/beta/report", headers={"Authorization": f"Bearer {DEMO_KEY}"})
         assert allowed.status_code == 200, allowed.text

@@ -17,6 +17,7 @@ import yaml
 from exports_common.config_loader import ConfigError, load_model
 from gateway.config import GatewayConfig
 from gateway.plugin_registry import GROUP
+from tests.helpers import install_distribution
 from tests.procs import ROOT
 
 # package name -> (its entry points, its module's source)
@@ -36,13 +37,7 @@ PACKAGES = {
 
 def install_fake_packages(site: Path) -> None:
     for package, (eps, source) in PACKAGES.items():
-        module = package.replace("-", "_")
-        (site / f"{module}.py").write_text(source)
-        info = site / f"{module}-1.0.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 1.0\n")
-        lines = "".join(f"{name} = {target}\n" for name, target in eps.items())
-        (info / "entry_points.txt").write_text(f"[{GROUP}]\n{lines}")
+        install_distribution(site, package, eps, source)
 
 
 def config_naming(tmp_path: Path, plugins: list[str]) -> Path:
