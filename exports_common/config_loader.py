@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 M = TypeVar("M", bound=BaseModel)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -102,9 +103,16 @@ def validate_data(data: Any, model: type[M], source: str, root: yaml.Node | None
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
             line = _line_of(root, loc)
             where = f"{_format_loc(loc)}" + (f" (line {line})" if line else "")
-            unknown = unknown_key_message(model, loc) if err["type"] == "extra_forbidden" else None
-            problems.append(f"{where}: {unknown or err['msg']}")
+            problems.append(f"{where}: {_message(model, loc, err)}")
         raise ConfigError(source, problems) from exc
+
+
+def _message(model: type[BaseModel], loc: tuple[Any, ...], err: ErrorDetails) -> str:
+    if err["type"] == "extra_forbidden":
+        return unknown_key_message(model, loc) or err["msg"]
+    if err["type"] == "value_error":  # our validators' own sentences, without pydantic's "Value error, " before them
+        return str(err.get("ctx", {}).get("error", err["msg"]))
+    return err["msg"]
 
 
 def _inside(tp: Any, part: str | int) -> Any:

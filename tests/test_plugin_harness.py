@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from gateway.context import RequestContext
+from gateway.response import GatewayResponse
 from gateway.testing import PluginHarness
 from tests.procs import Service
 
@@ -19,3 +21,17 @@ async def test_a_url_sends_the_chain_through_the_proxy(services: Callable[..., S
     assert ["x-tenant-id", "acme"] in echoed["headers"]
     assert answer.upstream is None  # the recorder is not the end of this chain
     assert refused.status == 401 and refused.json()["code"] == 40100
+
+
+async def test_a_handler_as_upstream_sits_inside_the_routes_upstream_policy() -> None:
+    tries: list[int] = []
+
+    async def flaky(ctx: RequestContext) -> GatewayResponse:
+        tries.append(ctx.attempt)
+        return GatewayResponse(503 if len(tries) == 1 else 200, body=b"")
+
+    async with PluginHarness(["auth", {"retry": {"attempts": 2, "backoff": {"initial": 0.001, "max": 0.001}}}],
+                             tenants={"acme": "acme-key-0123456789"}, upstream=flaky, methods=["GET"]) as gw:
+        answer = await gw.request("GET", "/test/a", api_key="acme-key-0123456789")
+    assert answer.status == 200 and tries == [1, 2]
+    assert answer.headers["x-gateway-attempts"] == "2"

@@ -43,5 +43,5 @@ def test_an_empty_list_is_a_config_error() -> None:
 def test_a_route_without_auth_before_it_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as refused:
         PluginHarness([{"tenant_allowlist": {"tenants": ["acme"]}}, "auth"])
-    assert "route `test`: tenant_allowlist needs `tenant`, which no earlier plugin provides" in \
-        refused.value.problems[0]
+    assert refused.value.problems == [
+        "routes[0]: route `test`: tenant_allowlist needs `tenant`, which no earlier plugin provides"]
