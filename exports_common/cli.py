@@ -5,7 +5,7 @@ import argparse
 import json
 import logging
 import sys
-from typing import Callable, Protocol, TypeVar, cast
+from typing import Any, Callable, Protocol, TypeVar, cast
 
 import uvicorn
 from pydantic import BaseModel
@@ -30,6 +30,19 @@ class Served(Protocol):
     def unsafe_defaults(self) -> list[str]: ...
 
 
+class Reloadable(Protocol):
+    def restart_required(self, running: Any) -> list[str]: ...
+
+
+def _restart_warnings(config: BaseModel, running_path: str, model: type[M]) -> list[str]:
+    """A warning for each setting whose change a reload would not apply (a process that has no reload: none)."""
+    if not hasattr(config, "restart_required"):
+        return []
+    running = load_model(running_path, model)
+    return [f"{path} changed: it takes effect only at a restart, not on reload"
+            for path in cast(Reloadable, config).restart_required(running)]
+
+
 def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, str], ASGIApp],
          argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog)
@@ -42,6 +55,9 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
                      help=f"dev mode: accept the published demo secrets (same as {dev_mode.DEV_ENV}=1)")
     check = sub.add_parser("check-config", help="validate a config file and name every problem")
     check.add_argument("file")
+    check.add_argument("--running", metavar="FILE",
+                       help="the config the process started with: warn about settings that a reload to FILE "
+                            "would not apply without a restart")
     sub.add_parser("schema", help="print the config's JSON Schema")
     args = parser.parse_args(argv)
 
@@ -56,9 +72,16 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
         return 2
     unsafe = cast(Served, config).unsafe_defaults()
     if args.command == "check-config":
-        for problem in unsafe:
-            print(f"{path}: warning: {problem} (refused at start unless in dev mode)", file=sys.stderr)
-        print(f"{path}: OK" + (f" with {len(unsafe)} warning(s)" if unsafe else ""))
+        warnings = [f"{problem} (refused at start unless in dev mode)" for problem in unsafe]
+        if args.running:
+            try:
+                warnings += _restart_warnings(config, args.running, model)
+            except ConfigError as exc:
+                print(exc.report(), file=sys.stderr)
+                return 2
+        for warning in warnings:
+            print(f"{path}: warning: {warning}", file=sys.stderr)
+        print(f"{path}: OK" + (f" with {len(warnings)} warning(s)" if warnings else ""))
         return 0
     if args.dev:
         dev_mode.enable_dev_mode()

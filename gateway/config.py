@@ -5,6 +5,7 @@ so a mistake is reported at its exact path (routes[0].plugins[2].idempotency.ttl
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Annotated, Any, Literal
 
@@ -13,11 +14,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from exports_common import dev_mode
 from exports_common.connection_limits import ConnectionLimits, networks
 from exports_common.otel import TracingConfig
+from gateway.context import RequestContext
 from gateway.limiter import Quota
 from gateway.plugin_config import PluginUse, validate_entries
 from gateway.plugin_registry import registry
 from gateway.tenants import Limits, TenantLimits
 
+# read once at start (the server, the Redis client and stores, tracing, the upstream client's pool): a reload
+# that changes one applies everything else and says which of these wait for a restart
+RESTART_ONLY = ("host", "port", "log_level", "max_header_bytes", "connection_limits", "redis_url", "redis_prefix",
+                "state_dir", "tracing")
+CONTEXT_FIELDS = frozenset(f.name for f in dataclasses.fields(RequestContext))
 HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 _PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
@@ -48,6 +55,9 @@ def contract_problems(route: RouteConfig) -> list[str]:
     filters, policy = filters_and_policy(route)
     for name, settings in filters + policy:
         contract = registry().get(name).contract(settings, tuple(route.methods))
+        for field in sorted((contract.needs | contract.provides | contract.defaults) - CONTEXT_FIELDS):
+            problems.append(f"route `{route.name}`: {name} declares `{field}`, which is not a field of the request "
+                            f"context (gateway/context.py)")
         for field in sorted(contract.needs - provided):
             problems.append(f"route `{route.name}`: {name} needs `{field}`, which no earlier plugin provides")
         for field in sorted(contract.provides & minted_by.keys()):
@@ -249,6 +259,16 @@ class GatewayConfig(Strict):
                 problems.append(f"tenants.{tenant} accepts a published demo API key: replace its api_key_hashes "
                                 "(python -m gateway hash-key <new key>)")
         return problems
+
+    def restart_required(self, running: GatewayConfig) -> list[str]:
+        """The paths of settings that differ from `running`'s but are read only at start."""
+        changed = [path for path in RESTART_ONLY if getattr(self, path) != getattr(running, path)]
+        pool = max(u.pool_size for u in running.upstreams.values())
+        for name, upstream in self.upstreams.items():
+            old = running.upstreams.get(name)
+            if upstream.pool_size != (old.pool_size if old is not None else pool):
+                changed.append(f"upstreams.{name}.pool_size")
+        return changed
 
     def limits(self) -> Limits:
         base = self.tenant_limits

@@ -24,6 +24,7 @@ from exports_common.errors import ApiError, ErrorKind
 from gateway import openapi, telemetry
 from gateway.address_limit import check_address
 from gateway.admin_recovery import AdminRecovery
+from gateway.config import filters_and_policy
 from gateway.plugin_registry import registry
 from gateway.wiring import RuntimeHolder
 
@@ -103,9 +104,15 @@ class OpsEndpoints:
 
     async def admin_routes(self, request: Request) -> Response:
         self.require_admin(request)
-        config = self.holder.runtime.config.model_dump(mode="json", exclude_none=True)
+        in_force = self.holder.runtime.config
+        config = in_force.model_dump(mode="json", exclude_none=True)
         config["admin_token"] = "***"
         config["download_signing"] = {"secrets": ["***"] * len(config["download_signing"]["secrets"])}
+        for route, shown in zip(in_force.routes, config["routes"], strict=True):
+            # the plugins as a request meets them (filters, then the upstream policy), every setting resolved
+            filters, policy = filters_and_policy(route)
+            shown["plugins"] = [{name: settings.model_dump(mode="json")} for name, settings in filters]
+            shown["upstream_policy"] = [{name: settings.model_dump(mode="json")} for name, settings in policy]
         return ok(config)
 
     async def admin_breakers(self, request: Request) -> Response:
@@ -123,11 +130,12 @@ class OpsEndpoints:
 
     async def admin_reload(self, request: Request) -> Response:
         self.require_admin(request)
-        problems = await self.holder.reload()
-        if problems:
+        outcome = await self.holder.reload()
+        if outcome.problems:
             raise ApiError(ErrorKind.VALIDATION, "the new config was refused; the old one keeps serving",
-                           data={"problems": problems})
-        return ok({"reloaded": True, "routes": len(self.holder.runtime.config.routes)})
+                           data={"problems": outcome.problems})
+        return ok({"reloaded": True, "routes": len(self.holder.runtime.config.routes),
+                   "restart_required": outcome.restart_required})
 
     def _recovery_upstream(self) -> str:
         """The export backend: the upstream named `exports`, else the first."""

@@ -13,7 +13,6 @@ from gateway.breakers import Breakers
 from gateway.forwarding import TrustedProxies
 from gateway.kv import KeyValue, MemoryKV, RedisKV, SqliteKV
 from gateway.limiter import Limiter
-from gateway.retry_budget import RetryBudgets
 from gateway.telemetry import Metrics, Tracing
 from gateway.tenants import TenantDirectory
 from gateway.upstream import EndpointPool, Timeouts, UpstreamClient
@@ -54,12 +53,15 @@ class State:
         made: T = self._made[name]
         return made
 
-    def kv(self, name: str, durable: bool = False) -> KeyValue:
-        """The key-value store `name`: Redis keys `<prefix>:<name>:…`, else SQLite table `name` or memory."""
+    def kv(self, name: str, durable: bool = False, table: str | None = None) -> KeyValue:
+        """The key-value store `name`: Redis keys `<prefix>:<name>:…`, else SQLite table `table or name` or memory.
+
+        `table` keeps the records of a store whose local file predates these names.
+        """
         def make() -> KeyValue:
             if self.redis is not None:
                 return RedisKV(self.redis, f"{self.prefix}:{name}:")
-            return SqliteKV(self.path, name) if durable else MemoryKV()
+            return SqliteKV(self.path, table or name) if durable else MemoryKV()
         return self.shared(f"kv:{name}", make)
 
 
@@ -79,6 +81,5 @@ class Services:
     state: State
     breakers: Breakers
     limiter: Limiter
-    retry_budgets: RetryBudgets = field(default_factory=RetryBudgets)
     public_base_url: str = ""
     trusted_proxies: TrustedProxies = field(default_factory=TrustedProxies)

@@ -138,16 +138,11 @@ class Metrics(Collector):
                                     "calls made to upstreams, by outcome: a status, or connect_error, timeout, reset")
         self.upstream_duration = LatencyHistogram("gateway_upstream_duration_seconds", ("upstream", "route"),
                                                   "time to an upstream's answer (headers), by upstream and route")
-        self.retries = Tally("gateway_retries", ("upstream", "route", "reason"), "retry tries, by cause")
-        self.retry_success = Tally("gateway_retry_success", ("upstream", "route"),
-                                   "requests retried at least once whose last try was not worth retrying")
         # shared by every plugin that answers in the upstream's stead: each seeds and counts its own kinds
         self.degraded = Tally("gateway_degraded_answers", ("route", "kind"),
                               "answers from degradation: stale, unavailable, outbox, outbox_pending, reject")
         self.ejections = Tally("gateway_upstream_ejections", ("upstream", "endpoint"),
                                "endpoints left out for a while after repeated connect failures")
-        self.retry_budget_exhausted = Tally("gateway_retry_budget_exhausted", ("upstream", "route"),
-                                            "retries not made because the budget was used up")
         self.breaker_transitions = Tally("gateway_breaker_transitions", ("upstream", "state"),
                                          "circuit breaker state changes, by new state")
         self.config_reloads = Tally("gateway_config_reloads", ("outcome",), "config reloads: applied or refused")
@@ -180,8 +175,6 @@ class Metrics(Collector):
         for route, upstream in routes:
             for outcome in ("connect_error", "timeout", "reset"):
                 self.upstream_calls.seed(upstream, route, outcome)
-            self.retry_success.seed(upstream, route)
-            self.retry_budget_exhausted.seed(upstream, route)
             for state in ("open", "half-open", "closed"):
                 self.breaker_transitions.seed(upstream, state)
         for outcome in ("applied", "refused"):

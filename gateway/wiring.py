@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import logging
 import signal
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -29,6 +30,14 @@ from gateway.upstream import AiohttpUpstream
 log = logging.getLogger("gateway")
 
 
+@dataclass(frozen=True)
+class Reload:
+    """A reload's outcome: why it was refused, or which changed settings wait for a restart."""
+
+    problems: list[str]
+    restart_required: list[str] = field(default_factory=list)
+
+
 class RuntimeHolder:
     """The Runtime in force, and how a new config replaces it."""
 
@@ -38,6 +47,14 @@ class RuntimeHolder:
         self._runtime: Runtime | None = None
         self.config_hash = ""
         self._config_mtime = self._mtime()
+        # the file as it was at start (without --host/--port): what restart-only settings are compared with
+        self._started_file = self._load() or config
+
+    def _load(self) -> GatewayConfig | None:
+        try:
+            return load_model(self.config_path, GatewayConfig) if self.config_path else None
+        except ConfigError:
+            return None
 
     @property
     def runtime(self) -> Runtime:
@@ -63,27 +80,31 @@ class RuntimeHolder:
             if mtime is not None and mtime != self._config_mtime:
                 await self.reload()
 
-    async def reload(self) -> list[str]:
+    async def reload(self) -> Reload:
         """Load the config file again; a config that does not validate is refused and the old one kept."""
         self._config_mtime = self._mtime()
         if not self.config_path:
-            return ["the gateway was started without a config file"]
+            return Reload(["the gateway was started without a config file"])
         try:
             config = load_model(self.config_path, GatewayConfig)
         except ConfigError as exc:
             log.error("config reload refused; the config in force keeps serving", extra={"problems": exc.problems})
             self.runtime.services.metrics.config_reloads.add("refused")
-            return exc.problems
+            return Reload(exc.problems)
         unsafe = [] if dev_mode.dev_mode() else config.unsafe_defaults()
         if unsafe:
             self.runtime.services.metrics.config_reloads.add("refused")
             log.error("config reload refused outside dev mode; the config in force keeps serving",
                       extra={"problems": unsafe})
-            return unsafe
+            return Reload(unsafe)
         self.apply(build_runtime(config, self.runtime.services))
         self.runtime.services.metrics.config_reloads.add("applied")
+        restart = config.restart_required(self._started_file)
         log.info("config reloaded", extra={"routes": len(config.routes), "config_hash": self.config_hash})
-        return []
+        if restart:
+            log.warning("config reloaded, but these settings keep their value from the start until a restart",
+                        extra={"restart_required": restart})
+        return Reload([], restart)
 
     def observe(self, services: Services) -> None:
         """The gauges read at scrape time: the gateway's own, then each plugin's."""

@@ -106,3 +106,25 @@ def test_an_unknown_key_anywhere_names_the_nearest_known_one(tmp_path: Path) -> 
                      "callbacks.retry_delay_sec (line 3): unknown key 'retry_delay_sec', did you mean "
                      "'retry_delays_sec'?"]:
         assert expected in err.value.problems
+
+
+def test_check_config_names_the_route_and_the_missing_context_field_and_the_settings_a_reload_would_not_apply(
+        tmp_path: Path) -> None:
+    import yaml
+
+    running = yaml.safe_load((ROOT / "config/gateway.yaml").read_text())
+    submit = next(r for r in running["routes"] if r["name"] == "submit")
+    wrong = dict(running, routes=[dict(submit, plugins=[p for p in submit["plugins"] if p != "auth"])])
+    path = tmp_path / "wrong.yaml"
+    path.write_text(yaml.safe_dump(wrong))
+    result = run_cli("gateway", "check-config", str(path))
+    assert result.returncode == 2
+    assert "route `submit`: outbox needs `tenant`, which no earlier plugin provides" in result.stderr, result.stderr
+
+    changed = dict(running, redis_prefix="other", upstreams={"exports": {"url": "http://127.0.0.1:8081",
+                                                                        "pool_size": 10}})
+    path.write_text(yaml.safe_dump(changed))
+    result = run_cli("gateway", "check-config", str(path), "--running", "config/gateway.yaml")
+    assert result.returncode == 0, result.stderr
+    for setting in ("redis_prefix", "upstreams.exports.pool_size"):
+        assert f"warning: {setting} changed: it takes effect only at a restart" in result.stderr, result.stderr

@@ -359,6 +359,11 @@ def test_ops_endpoints(stack: Stack) -> None:
         routes = c.get("/admin/routes", headers=admin).json()["data"]
         assert {r["name"] for r in routes["routes"]} >= {"submit", "status", "cancel", "download", "list"}
         assert routes["admin_token"] == "***" and SIGNING_SECRET not in str(routes)
+        # the values in force: each route's plugins as a request meets them, defaults resolved
+        submit = next(r for r in routes["routes"] if r["name"] == "submit")
+        assert [next(iter(p)) for p in submit["upstream_policy"]] == ["timeout", "retry", "circuit_breaker"]
+        assert submit["upstream_policy"][1]["retry"]["budget"] == {"ratio": 0.2, "min_concurrent": 3}
+        assert {"auth": {"required": True}} in submit["plugins"]
         stats = c.get("/admin/stats", headers=admin).json()["data"]
         assert stats["status_cache"]["hits"] >= 1 and stats["outbox"]["pending"] == 0
         assert stats["retry_budget"]["exports"]["requests_in_flight"] == 0
@@ -403,6 +408,10 @@ def test_reload_refuses_a_broken_config_and_applies_a_good_one(services: Callabl
     gateway.config_path.write_text(yaml.safe_dump(config))
     wait_until(lambda: httpx.get(f"{gateway.url}{API}", headers={"Authorization": f"Bearer {DEMO_KEY}"}
                                  ).status_code == 401, 10, what="the file watcher to apply the new config")
+    config["redis_prefix"] = "moved"  # read once at start: applied with the rest, and named as waiting for a restart
+    gateway.config_path.write_text(yaml.safe_dump(config))
+    resp = httpx.post(f"{gateway.url}/admin/reload", headers=admin)
+    assert resp.status_code == 200 and resp.json()["data"]["restart_required"] == ["redis_prefix"]
 
 
 def test_console_tracing_records_a_span_per_request_and_upstream_call(services: Callable[..., Service],

@@ -24,7 +24,7 @@ from gateway.config import RouteConfig
 from gateway.context import RequestContext
 from gateway.limiter import Limiter
 from gateway.plugins import PLUGINS
-from gateway.plugins.base import RouteInfo
+from gateway.plugins.base import Plugin, RouteInfo
 from gateway.plugins.circuit_breaker import CircuitBreaker
 from gateway.plugins.retry import Retry
 from gateway.plugins.timeout import Timeout
@@ -58,18 +58,20 @@ def services(tmp_path: Path) -> Services:
                     breakers=Breakers(metrics), limiter=Limiter(None, "gw"))
 
 
-def context(method: str = "GET", body: bytes = b"", **fields: Any) -> RequestContext:
+def context(method: str = "GET", body: bytes = b"", params: dict[str, str] | None = None,
+            **fields: Any) -> RequestContext:
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": body, "more_body": False}
 
     scope = {"type": "http", "method": method, "path": "/s", "headers": [], "query_string": b""}
     return RequestContext(request=Request(scope, receive), method=method, route_name="submit", upstream="exports",
-                          upstream_path="/s", params={}, request_id="r", **fields)
+                          upstream_path="/s", params=params or {}, request_id="r", **fields)
 
 
-def plugin(name: str, settings: dict[str, Any], upstream: Upstream, svc: Services) -> Upstream:
+def plugin(name: str, settings: dict[str, Any], upstream: Upstream, svc: Services) -> Plugin:
     cls = PLUGINS[name]
-    return cls(upstream, cls.Settings.model_validate(settings), svc, RouteInfo("submit", "exports", ("POST",), upstream))
+    route = RouteInfo("submit", "exports", ("POST",), upstream)
+    return cls(upstream, cls.Settings.model_validate(settings), svc, route)
 
 
 class Scripted:
@@ -194,3 +196,33 @@ def test_stats_are_each_plugins_own_part(tmp_path: Path) -> None:
 def test_policy_plugins_know_their_rank() -> None:
     assert Timeout.upstream_policy < Retry.upstream_policy < CircuitBreaker.upstream_policy
     assert not PLUGINS["auth"].upstream_policy
+
+
+def test_rerun_asks_through_the_routes_upstream_call_and_answers_the_task_as_it_now_is(tmp_path: Path) -> None:
+    svc = services(tmp_path)
+    timed_out = {"task_id": "t", "status": "TIMEOUT", "attempt": 1, "reruns": 0}
+    asked: list[tuple[str, str, bytes | None, dict[str, str]]] = []
+
+    async def status(ctx: RequestContext) -> GatewayResponse:
+        return GatewayResponse.envelope(timed_out)
+
+    async def upstream(ctx: RequestContext) -> GatewayResponse:
+        asked.append((ctx.method, ctx.upstream_path, ctx.body, dict(ctx.upstream_headers)))
+        return GatewayResponse.envelope({**timed_out, "status": "PENDING", "attempt": 2, "reruns": 1})
+
+    rerun = PLUGINS["rerun"](status, PLUGINS["rerun"].Settings(), svc,
+                             RouteInfo("status", "exports", ("GET",), upstream))
+    ctx = context(params={"task_id": "t"}, upstream_headers={"x-tenant-id": "a"})
+    resp = asyncio.run(rerun(ctx))
+    assert resp.status == 200 and resp.header("retry-after") == "1"
+    [(method, path, body, headers)] = asked
+    assert (method, path) == ("POST", "/exports/t/retry") and json.loads(body or b"")["expected_attempt"] == 1
+    assert headers == {"x-tenant-id": "a", "content-type": "application/json"}
+    assert ctx.method == "GET" and ctx.body is None  # the client's request is left as it was
+
+
+def test_a_contract_naming_no_context_field_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(PLUGINS["auth"], "provides", frozenset({"tenant_id"}))  # a typo a plugin author might make
+    with pytest.raises(ValidationError) as err:
+        RouteConfig.model_validate({**ROUTE, "methods": ["GET"], "plugins": ["auth"]})
+    assert "route `submit`: auth declares `tenant_id`, which is not a field of the request context" in str(err.value)

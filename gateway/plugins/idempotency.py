@@ -143,7 +143,8 @@ async def _write(store: KeyValue, key: str, expected: bytes | None, value: bytes
 
 
 def _store(services: Services) -> KeyValue:
-    return services.state.kv("idem", durable=True)  # a key must outlive a restart: its task may exist
+    # a key must outlive a restart (its task may exist); the table keeps the name it had before stores were named
+    return services.state.kv("idem", durable=True, table="idempotency")
 
 
 def _outcomes(services: Services) -> Tally:

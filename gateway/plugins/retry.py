@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -22,8 +23,9 @@ from pydantic import Field
 from gateway.context import Handler, RequestContext
 from gateway.plugins.base import Contract, PluginBase, RouteInfo, Settings
 from gateway.response import GatewayResponse
-from gateway.retry_budget import RetryBudget
+from gateway.retry_budget import RetryBudget, RetryBudgets
 from gateway.services import Services
+from gateway.telemetry import Tally
 from gateway.upstream import UpstreamError
 
 IDEMPOTENT_METHODS = ("GET", "HEAD")
@@ -60,6 +62,28 @@ def retry_after_seconds(value: str | None) -> float | None:
     return float(value.strip())
 
 
+@dataclass(frozen=True)
+class Counts:
+    retries: Tally
+    success: Tally
+    budget_exhausted: Tally
+
+
+def _counts(services: Services) -> Counts:
+    metrics = services.metrics
+    return Counts(
+        metrics.tally("gateway_retries", ("upstream", "route", "reason"), "retry tries, by cause"),
+        metrics.tally("gateway_retry_success", ("upstream", "route"),
+                      "requests retried at least once whose last try was not worth retrying"),
+        metrics.tally("gateway_retry_budget_exhausted", ("upstream", "route"),
+                      "retries not made because the budget was used up"))
+
+
+def _budgets(services: Services) -> RetryBudgets:
+    """One budget per upstream, shared by every route's retry and kept across reloads."""
+    return services.state.shared("retry_budgets", RetryBudgets)
+
+
 class Retry(PluginBase[RetrySettings]):
     name: ClassVar[str] = "retry"
     Settings: ClassVar[type[RetrySettings]] = RetrySettings
@@ -69,8 +93,11 @@ class Retry(PluginBase[RetrySettings]):
         super().__init__(next, settings, services, route)
         self.kinds = {r for r in settings.retry_on if isinstance(r, str)}
         self.statuses = {r for r in settings.retry_on if isinstance(r, int)}
+        self.counts = _counts(services)
         for reason in settings.retry_on:
-            services.metrics.retries.seed(route.upstream, route.name, str(reason))
+            self.counts.retries.seed(route.upstream, route.name, str(reason))
+        self.counts.success.seed(route.upstream, route.name)
+        self.counts.budget_exhausted.seed(route.upstream, route.name)
         self.budget: RetryBudget | None = None
 
     @classmethod
@@ -80,14 +107,14 @@ class Retry(PluginBase[RetrySettings]):
 
     @classmethod
     def observe(cls, services: Services) -> None:
-        budgets = services.retry_budgets.by_upstream
+        budgets = _budgets(services).by_upstream
         services.metrics.observe_gauge(
             "gateway_retries_in_flight", "retries in flight, by upstream (the budget caps them)",
             lambda: [(b.retries_in_flight, {"upstream": name}) for name, b in budgets.items()])
 
     @classmethod
     async def stats(cls, services: Services) -> dict[str, Any]:
-        return {"retry_budget": {name: b.describe() for name, b in services.retry_budgets.by_upstream.items()}}
+        return {"retry_budget": {name: b.describe() for name, b in _budgets(services).by_upstream.items()}}
 
     @staticmethod
     def _idempotent(ctx: RequestContext) -> bool:
@@ -104,7 +131,7 @@ class Retry(PluginBase[RetrySettings]):
             await ctx.read_body(self.settings.max_body_bytes)
         budget = self.budget
         if budget is None:  # a route has one upstream
-            budget = self.budget = self.services.retry_budgets.get(ctx.upstream)
+            budget = self.budget = _budgets(self.services).get(ctx.upstream)
         budget.request_started()
         try:
             return await self._tries(ctx, budget)
@@ -124,11 +151,11 @@ class Retry(PluginBase[RetrySettings]):
                 break
             await asyncio.sleep(delay)
             if not budget.try_acquire(self.settings.budget.ratio, self.settings.budget.min_concurrent):
-                self.services.metrics.retry_budget_exhausted.add(ctx.upstream, self.route)
+                self.counts.budget_exhausted.add(ctx.upstream, self.route)
                 break
             if isinstance(result, GatewayResponse):
                 result.close()
-            self.services.metrics.retries.add(ctx.upstream, self.route, str(reason))
+            self.counts.retries.add(ctx.upstream, self.route, str(reason))
             ctx.retry_reason = str(reason)
             attempt += 1
             try:
@@ -136,7 +163,7 @@ class Retry(PluginBase[RetrySettings]):
             finally:
                 budget.release()
         if attempt > 1 and reason is None:
-            self.services.metrics.retry_success.add(ctx.upstream, self.route)
+            self.counts.success.add(ctx.upstream, self.route)
         if isinstance(result, UpstreamError):
             try:
                 raise result
