@@ -40,7 +40,8 @@ class PluginUse:
                                      handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         one_plugin = {
             "type": "object", "minProperties": 1, "maxProperties": 1,
-            "properties": {name: handler(plugin.Settings.__pydantic_core_schema__)
+            # `- name:` with nothing after it (null) means no settings, as `- name` does
+            "properties": {name: {"anyOf": [handler(plugin.Settings.__pydantic_core_schema__), {"type": "null"}]}
                            for name, plugin in BUILTIN.items()},
             "additionalProperties": {"type": ["object", "null"],
                                      "description": f"the settings of a third-party plugin (entry point group "

@@ -6,11 +6,13 @@ real `python -m gateway check-config` process.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -126,3 +128,14 @@ def test_unknown_plugin_and_settings_keys_suggest_the_nearest_name(tmp_path: Pat
                for p in problems), problems
     assert any("unknown plugin 'zzzqqq'; known plugins: auth, " in p and GROUP in p for p in problems), problems
     assert any(p.startswith("upstreams.up.timeout") and "did you mean 'timeouts'?" in p for p in problems), problems
+
+
+def test_the_json_schema_knows_the_built_ins_and_leaves_room_for_installed_plugins() -> None:
+    schema = json.loads((ROOT / "config/gateway.schema.json").read_text())
+    routes = {"$defs": schema["$defs"], "type": "array", "items": {"$ref": "#/$defs/RouteConfig"}}
+    shipped = yaml.safe_load((ROOT / "config/gateway.yaml").read_text())["routes"]
+    shipped[0]["plugins"] += [{"tenant_allowlist": {"tenants": ["demo"]}}, {"auth": None}]
+    jsonschema.validate(shipped, routes)
+    shipped[0]["plugins"].append({"auth": {"requird": True}})
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(shipped, routes)
