@@ -58,7 +58,8 @@ def _already_validated(value: Any) -> PluginUse:
 
 
 def _dump(use: PluginUse, info: core_schema.SerializationInfo) -> dict[str, Any]:
-    return {use.name: use.settings.model_dump(mode=info.mode, exclude_none=info.exclude_none)}
+    # keyed as the YAML writes them (aliases), so a dump reads back as the same config
+    return {use.name: use.settings.model_dump(mode=info.mode, exclude_none=info.exclude_none, by_alias=True)}
 
 
 def _error(loc: tuple[str | int, ...], value: Any, message: str) -> InitErrorDetails:
