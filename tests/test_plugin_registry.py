@@ -139,3 +139,10 @@ def test_the_json_schema_knows_the_built_ins_and_leaves_room_for_installed_plugi
     shipped[0]["plugins"].append({"auth": {"requird": True}})
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(shipped, routes)
+
+
+def test_a_config_dumps_its_plugin_entries_as_yaml_writes_them() -> None:
+    config = load_model(ROOT / "config/gateway.yaml", GatewayConfig)
+    dumped = config.model_dump(mode="json")
+    assert all(len(entry) == 1 for route in dumped["routes"] for entry in route["plugins"])
+    assert GatewayConfig.model_validate(dumped) == config
