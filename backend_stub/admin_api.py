@@ -16,8 +16,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from backend_stub import lifecycle, metrics
-from backend_stub.models import FAILED, PENDING, TERMINAL, TIMEOUT, Task
+from backend_stub.models import Task
 from backend_stub.store import Change, TaskStore
+from exports_common.contract import TERMINAL, Status
 from exports_common.envelope import ok
 from exports_common.errors import ApiError, ErrorKind, validation_error
 from exports_common.json_body import parse_json, read_limited
@@ -37,10 +38,10 @@ def _redeliver(task: Task) -> Task | None:
 
 def _rerun(task: Task) -> Task | None:
     """An operator's re-run: any FAILED or TIMEOUT task, retryable or not, starts again as the next attempt."""
-    if task.status not in (FAILED, TIMEOUT):
+    if task.status not in (Status.FAILED, Status.TIMEOUT):
         return None
     attempt = task.attempt + 1
-    return dataclasses.replace(task, status=PENDING, attempt=attempt, base_attempt=attempt, progress=0,
+    return dataclasses.replace(task, status=Status.PENDING, attempt=attempt, base_attempt=attempt, progress=0,
                                current_step=None, started_at=None, finished_at=None, expire_at=None, result=None,
                                error=None, updated_at=time.time())
 
@@ -78,8 +79,8 @@ class AdminApi:
 
     async def tasks(self, request: Request) -> Response:
         tenant, limit, cursor = self._page(request)
-        status = request.query_params.get("status", FAILED)
-        if status not in (FAILED, TIMEOUT):
+        status = request.query_params.get("status", Status.FAILED)
+        if status not in (Status.FAILED, Status.TIMEOUT):
             raise validation_error("status", "must be FAILED or TIMEOUT")
         items, next_cursor = await self._list(tenant, status, limit, cursor)
         return ok({"items": [_view(t) for t in items], "next_cursor": next_cursor})

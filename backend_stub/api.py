@@ -16,7 +16,7 @@ from backend_stub.config import BackendConfig
 from backend_stub.files import ResultFiles
 from backend_stub.filters import filters_schema
 from backend_stub.http_fault import RequestCounter
-from backend_stub.models import COMPLETED, Task
+from backend_stub.models import Task
 from backend_stub.result_store import (
     ObjectMissing,
     ResultStore,
@@ -25,11 +25,11 @@ from backend_stub.result_store import (
 )
 from backend_stub.store import TaskStore
 from backend_stub.submission import parse_active_quota, parse_rerun, parse_submission
+from exports_common.contract import DeliveryState, ExportType, Format, Status
 from exports_common.envelope import ok
 from exports_common.errors import ApiError, ErrorKind, unavailable, validation_error
 from exports_common.json_body import parse_json, read_limited
 from exports_common.list_query import PARAMS, check_list_query
-from exports_common.submit_body import FORMATS
 from exports_common.task_ids import is_task_id
 
 STORE_RETRY_AFTER_SEC = 5
@@ -62,9 +62,9 @@ class BackendApi:
                    "requests": self.counter.requests})
 
     async def export_types(self, request: Request) -> Response:
-        items = [{"export_type": name, "filters_schema": filters_schema(spec.filters), "formats": list(FORMATS),
-                  "max_attempts": spec.max_attempts, "estimated_completion_sec": self._estimate_sec(name)}
-                 for name, spec in self.config.export_types.items()]
+        items = [ExportType(export_type=name, filters_schema=filters_schema(spec.filters), formats=list(Format),
+                            max_attempts=spec.max_attempts, estimated_completion_sec=self._estimate_sec(name))
+                 .model_dump(mode="json") for name, spec in self.config.export_types.items()]
         return ok({"items": items})
 
     async def _json(self, request: Request) -> Any:
@@ -90,13 +90,14 @@ class BackendApi:
             task_id=task_id, tenant=tenant, export_type=submission.export_type, filters=submission.filters,
             format=submission.format, timeout_sec=submission.timeout_sec, callback_url=submission.callback_url,
             fingerprint=submission.fingerprint(tenant), created_at=now, updated_at=now,
-            callback={"state": "PENDING", "attempts": 0, "last_error": None} if submission.callback_url else None,
+            callback=None if submission.callback_url is None else {"state": DeliveryState.PENDING, "attempts": 0,
+                                                                   "last_error": None},
             extra=tracing.extra(request.headers.get("traceparent")),
         )
         stored, created = await self.store.create(task)
         if not created and stored.fingerprint != task.fingerprint:
             raise ApiError(ErrorKind.TASK_ID_CONFLICT, data={"task_id": task_id})
-        data = dict(stored.public(), estimated_completion_sec=self._estimate_sec(stored.export_type))
+        data = stored.public(estimated_completion_sec=self._estimate_sec(stored.export_type))
         return ok(data, status=201 if created else 200, headers={"Location": f"/exports/{task_id}"})
 
     async def _check_active_quota(self, tenant: str, task_id: str, quota: int | None) -> None:
@@ -134,7 +135,7 @@ class BackendApi:
         updated, changed = await self.store.update(task.task_id, lifecycle.cancel(self.config.task_ttl_sec))
         if updated is None:
             raise ApiError(ErrorKind.TASK_NOT_FOUND)
-        if not changed and updated.status != "CANCELLED":
+        if not changed and updated.status != Status.CANCELLED:
             raise ApiError(ErrorKind.TASK_TERMINAL, f"the task is already {updated.status}", data=updated.public())
         return ok(updated.public())
 
@@ -174,12 +175,12 @@ class BackendApi:
         task = await self._owned(request)
         if _expired(task):
             raise ApiError(ErrorKind.FILE_GONE)
-        if task.status != COMPLETED or task.result is None:
+        if task.status != Status.COMPLETED or task.result is None:
             raise ApiError(ErrorKind.TASK_NOT_FOUND, "the task has no result file (not COMPLETED)")
         key = object_key(task.task_id, task.format)
         size = int(task.result["bytes"])
         headers = {"Accept-Ranges": "bytes", "Content-Disposition": f'attachment; filename="{key}"'}
-        media = "text/csv; charset=utf-8" if task.format == "csv" else "application/x-ndjson"
+        media = Format(task.format).media_type
         span = requested_range(request.headers.get("range"), size)
         first, last = span or (0, size - 1)
         headers["Content-Length"] = str(last - first + 1)

@@ -24,6 +24,7 @@ from backend_stub.worker import Workers
 from exports_common import otel
 from exports_common.envelope import error_response, exception_handlers, ok
 from exports_common.errors import unavailable
+from exports_common.periodic import running
 from exports_common.redis_client import store_unavailable
 
 
@@ -39,13 +40,10 @@ def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await store.open()
         await workers.start()
-        sweeper = asyncio.create_task(janitor.run(store, results, config.sweep_interval_sec))
-        callbacks = asyncio.create_task(sender.run())
         try:
-            yield
+            async with running(janitor.run(store, results, config.sweep_interval_sec), sender.run()):
+                yield
         finally:
-            sweeper.cancel()
-            callbacks.cancel()
             await workers.stop()
             await store.close()
             otel.shutdown()

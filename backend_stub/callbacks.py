@@ -27,9 +27,11 @@ import aiohttp
 from backend_stub import lifecycle, metrics, tracing
 from backend_stub.config import BackendConfig
 from backend_stub.models import Task
-from backend_stub.store import TaskStore
+from backend_stub.store import TaskStore, store_down
 from exports_common import webhooks
+from exports_common.contract import signed_link
 from exports_common.netpolicy import AddressPolicy, PinnedResolver, RefusedAddress, refusal
+from exports_common.periodic import periodic
 from exports_common.signing import DownloadSigner
 from exports_common.timefmt import rfc3339
 
@@ -53,7 +55,6 @@ class CallbackSender:
         self._last_turn: dict[str, int] = {}  # tenant -> the turn it last got a slot on
         self._turn = 0
         self._logged: set[str] = set()  # task ids whose repeated failure was logged already
-        self._dispatch_failing = False
         self._deliveries: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
 
@@ -62,20 +63,8 @@ class CallbackSender:
                                          limit=self.config.concurrency)
         self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
         try:
-            while True:
-                try:
-                    await self._dispatch_due()
-                    if self._dispatch_failing:
-                        log.info("callback dispatch works again")
-                    self._dispatch_failing = False
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - the store is down: logged once, not every poll
-                    if not self._dispatch_failing:
-                        log.error("callback dispatch failed; retrying every poll until the store answers",
-                                  extra={"error": error_text(exc)})
-                    self._dispatch_failing = True
-                await asyncio.sleep(self.config.poll_interval_sec)
+            await periodic("callback dispatch", self._dispatch_due, self.config.poll_interval_sec, log,
+                           expected=store_down("due callbacks wait"))
         finally:
             await self._session.close()
 
@@ -125,10 +114,8 @@ class CallbackSender:
         event = cb["event"]
         download_url = None
         if event["has_result"] and event["expire_at"]:
-            expires = self.signer.expiry(event["expire_at"])
-            path = self.links.path.format(task_id=task.task_id)
-            download_url = f"{self.links.base()}{path}?expires={expires}&sig=" \
-                           f"{self.signer.sign(task.task_id, expires)}"
+            download_url = signed_link(self.signer, self.links.base(), task.task_id, event["expire_at"],
+                                       self.links.path)
         return {
             "task_id": task.task_id, "status": event["status"], "download_url": download_url,
             "expire_at": rfc3339(event["expire_at"]) if event["expire_at"] else None,

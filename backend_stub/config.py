@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from backend_stub.datasets import DATASETS
 from exports_common import dev_mode
 from exports_common.connection_limits import ConnectionLimits
+from exports_common.contract import DOWNLOAD_PATH
 from exports_common.otel import TracingConfig
 
 
@@ -88,7 +89,7 @@ class DownloadLinkConfig(Strict):
 
     base_url: str = Field("", pattern=r"^(https?://[^/\s?#]+(/[^\s?#]*)?)?$",
                           description="the gateway's public URL (its public_base_url); required outside dev mode")
-    path: str = "/api/v1/exports/{task_id}/download"
+    path: str = DOWNLOAD_PATH
     secrets: list[str] = Field(min_length=1)
 
     def base(self) -> str:

@@ -20,6 +20,7 @@ from backend_stub.config import ExportTypeConfig
 from backend_stub.datasets import DATASETS, Row
 from backend_stub.filters import compile_filters
 from backend_stub.result_store import StoreUnavailable
+from exports_common.contract import Format
 
 CHUNK_ROWS = 5_000
 
@@ -38,13 +39,22 @@ class JobResult:
     bytes: int
 
 
-def _writer(fmt: str, out: TextIO, columns: tuple[str, ...]) -> Callable[[list[Row]], Any]:
-    if fmt == "csv":
-        writer = csv.writer(out)
-        writer.writerow(columns)
-        return writer.writerows
+Write = Callable[[list[Row]], Any]
+
+
+def _csv(out: TextIO, columns: tuple[str, ...]) -> Write:
+    writer = csv.writer(out)
+    writer.writerow(columns)
+    return writer.writerows
+
+
+def _jsonl(out: TextIO, columns: tuple[str, ...]) -> Write:
     dumps = json.JSONEncoder(separators=(",", ":")).encode
     return lambda chunk: out.write("".join(dumps(dict(zip(columns, row, strict=False))) + "\n" for row in chunk))
+
+
+# one writer per format of the contract (a test checks none is missing)
+WRITERS: dict[Format, Callable[[TextIO, tuple[str, ...]], Write]] = {Format.CSV: _csv, Format.JSONL: _jsonl}
 
 
 class ExportJob:
@@ -90,7 +100,7 @@ class ExportJob:
         scanned = written = 0
         self.part_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.part_path, "w", newline="", encoding="utf-8", buffering=1 << 20) as out:
-            write = _writer(self.fmt, out, dataset.columns)
+            write = WRITERS[Format(self.fmt)](out, dataset.columns)
             self.step = "render"
             while chunk := list(islice(rows, CHUNK_ROWS)):
                 scanned += len(chunk)

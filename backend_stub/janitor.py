@@ -6,13 +6,13 @@ of the result store leaves the record (and a later sweep retries) rather than an
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
 from backend_stub import metrics
 from backend_stub.result_store import ResultStore, StoreUnavailable, object_key
-from backend_stub.store import TaskStore
+from backend_stub.store import TaskStore, store_down
+from exports_common.periodic import periodic
 
 log = logging.getLogger("backend.janitor")
 BATCH = 500
@@ -33,17 +33,17 @@ async def sweep_once(store: TaskStore, results: ResultStore) -> int:
     return removed
 
 
+EXPECTED: dict[type[Exception], str] = {
+    StoreUnavailable: "the result store does not answer; expired tasks are kept until it does: check the "
+                      "S3 endpoint and credentials in result_store",
+    **store_down("expired tasks are kept"),
+}
+
+
 async def run(store: TaskStore, results: ResultStore, interval_sec: float) -> None:
-    while True:
-        try:
-            removed = await sweep_once(store, results)
-            if removed:
-                log.info("expired tasks removed", extra={"count": removed})
-        except asyncio.CancelledError:
-            raise
-        except StoreUnavailable as exc:
-            log.warning("expiry sweep stopped: the result store failed; expired tasks are kept until it answers",
-                        extra={"error": str(exc)})
-        except Exception:
-            log.exception("expiry sweep failed; will try again next interval")
-        await asyncio.sleep(interval_sec)
+    async def step() -> None:
+        removed = await sweep_once(store, results)
+        if removed:
+            log.info("expired tasks removed", extra={"count": removed})
+
+    await periodic("expiry sweep", step, interval_sec, log, expected=EXPECTED)

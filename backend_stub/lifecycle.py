@@ -1,7 +1,7 @@
 """The task state machine as pure functions: each takes a record and returns the next one or None.
 
-Stores apply them atomically (TaskStore.update), so every transition in CONTRACT
-section 6 is written down once, here.
+Stores apply them atomically (TaskStore.update), so every transition of a task is
+written down once, here.
 """
 from __future__ import annotations
 
@@ -9,18 +9,9 @@ import dataclasses
 import time
 from typing import Any
 
-from backend_stub.models import (
-    CANCELLED,
-    COMPLETED,
-    FAILED,
-    PENDING,
-    RUNNING,
-    TERMINAL,
-    TIMEOUT,
-    Task,
-    error_info,
-)
+from backend_stub.models import Task, error_info
 from backend_stub.store import Change
+from exports_common.contract import ACTIVE, TERMINAL, DeliveryState, Status, rerun_cause
 
 
 def _next(task: Task, **changes: Any) -> Task:
@@ -31,14 +22,14 @@ def begin(max_attempts: int) -> Change:
     """A worker starts the task. A RUNNING record means its last worker died: that attempt is over."""
 
     def change(task: Task) -> Task | None:
-        if task.status not in (PENDING, RUNNING):
+        if task.status not in ACTIVE:
             return None
-        attempt = task.attempt + 1 if task.status == RUNNING else task.attempt
+        attempt = task.attempt + 1 if task.status == Status.RUNNING else task.attempt
         if attempt - task.base_attempt >= max_attempts:
-            return finish(FAILED, error=error_info("WORKER_LOST", "the worker running this task stopped, "
+            return finish(Status.FAILED, error=error_info("WORKER_LOST", "the worker running this task stopped, "
                                                    "and no attempts are left", retryable=False))(task)
         now = time.time()
-        return _next(task, status=RUNNING, attempt=attempt, started_at=now, progress=0, current_step="query",
+        return _next(task, status=Status.RUNNING, attempt=attempt, started_at=now, progress=0, current_step="query",
                      error=None)
 
     return change
@@ -48,7 +39,7 @@ def report(attempt: int, progress: int, step: str) -> Change:
     """Progress from the worker running `attempt`; refused once the task moved on without it."""
 
     def change(task: Task) -> Task | None:
-        if task.status != RUNNING or task.attempt != attempt:
+        if task.status != Status.RUNNING or task.attempt != attempt:
             return None
         if progress <= task.progress and step == task.current_step:
             return None
@@ -60,16 +51,16 @@ def report(attempt: int, progress: int, step: str) -> Change:
 def finish(status: str, *, attempt: int | None = None, ttl_sec: float = 86_400, **fields: Any) -> Change:
     """End the task in a terminal status; with `attempt`, only if that attempt is still the running one.
 
-    A task with a callback_url gets a new notification (CONTRACT 4), due at once.
+    A task with a callback_url gets a new notification, due at once.
     """
 
     def change(task: Task) -> Task | None:
         if task.status in TERMINAL:
             return None
-        if attempt is not None and (task.status != RUNNING or task.attempt != attempt):
+        if attempt is not None and (task.status != Status.RUNNING or task.attempt != attempt):
             return None
         now = time.time()
-        extra: dict[str, Any] = {"progress": 100} if status == COMPLETED else {}
+        extra: dict[str, Any] = {"progress": 100} if status == Status.COMPLETED else {}
         ended = _next(task, status=status, finished_at=now, expire_at=now + ttl_sec, current_step=None,
                       **extra, **fields)
         return notify(ended, now) if ended.callback_url else ended
@@ -82,7 +73,7 @@ def notify(task: Task, now: float) -> Task:
     seq = task.callback_seq + 1
     event = {"status": task.status, "error": task.error, "attempt": task.attempt, "expire_at": task.expire_at,
              "has_result": task.result is not None}
-    callback = {"state": "PENDING", "attempts": 0, "last_error": None, "seq": seq,
+    callback = {"state": DeliveryState.PENDING, "attempts": 0, "last_error": None, "seq": seq,
                 "webhook_id": f"msg_{task.task_id}_{seq}", "next_at": now, "event": event}
     return dataclasses.replace(task, callback_seq=seq, callback=callback)
 
@@ -92,15 +83,15 @@ def callback_attempted(seq: int, error: str | None, delays: list[float], final: 
 
     def change(task: Task) -> Task | None:
         cb = task.callback
-        if cb is None or cb.get("seq") != seq or cb["state"] != "PENDING":
+        if cb is None or cb.get("seq") != seq or cb["state"] != DeliveryState.PENDING:
             return None
         attempts = cb["attempts"] + 1
         if error is None:
-            state, next_at = "DELIVERED", None
+            state, next_at = DeliveryState.DELIVERED, None
         elif final or attempts > len(delays):
-            state, next_at = "FAILED", None
+            state, next_at = DeliveryState.FAILED, None
         else:
-            state, next_at = "PENDING", time.time() + delays[attempts - 1]
+            state, next_at = DeliveryState.PENDING, time.time() + delays[attempts - 1]
         return dataclasses.replace(task, callback=dict(cb, state=state, attempts=attempts, last_error=error,
                                                        next_at=next_at))
 
@@ -111,35 +102,35 @@ def requeue(attempt: int) -> Change:
     """After a transient failure: back to PENDING as the next attempt."""
 
     def change(task: Task) -> Task | None:
-        if task.status != RUNNING or task.attempt != attempt:
+        if task.status != Status.RUNNING or task.attempt != attempt:
             return None
-        return _next(task, status=PENDING, attempt=attempt + 1, progress=0, current_step=None, started_at=None)
+        return _next(task, status=Status.PENDING, attempt=attempt + 1, progress=0, current_step=None, started_at=None)
 
     return change
 
 
 def cancel(ttl_sec: float) -> Change:
     def change(task: Task) -> Task | None:
-        if task.status not in (PENDING, RUNNING):
+        if task.status not in ACTIVE:
             return None
-        return finish(CANCELLED, ttl_sec=ttl_sec)(task)
+        return finish(Status.CANCELLED, ttl_sec=ttl_sec)(task)
 
     return change
 
 
 def rerun(expected_attempt: int, overrides: dict[str, Any]) -> Change:
-    """CONTRACT 3.5: start a finished TIMEOUT (or retryable FAILED) task again under the same id."""
+    """Start a finished TIMEOUT (or retryable FAILED) task again under the same id."""
 
     def change(task: Task) -> Task | None:
         if task.attempt != expected_attempt or not rerunnable(task):
             return None
         attempt = task.attempt + 1
-        return _next(task, status=PENDING, attempt=attempt, base_attempt=attempt, reruns=task.reruns + 1, progress=0,
-                     current_step=None, started_at=None, finished_at=None, expire_at=None, result=None, error=None,
-                     **overrides)
+        return _next(task, status=Status.PENDING, attempt=attempt, base_attempt=attempt, reruns=task.reruns + 1,
+                     progress=0, current_step=None, started_at=None, finished_at=None, expire_at=None, result=None,
+                     error=None, **overrides)
 
     return change
 
 
 def rerunnable(task: Task) -> bool:
-    return task.status == TIMEOUT or (task.status == FAILED and bool(task.error and task.error.get("retryable")))
+    return rerun_cause(task.status, task.error) is not None

@@ -15,8 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from starlette.requests import Request
 from starlette.responses import Response
 
-from backend_stub.models import STATUSES
 from backend_stub.store import TaskStore
+from exports_common.contract import TERMINAL
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 SECONDS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -55,7 +55,7 @@ def seed(export_types: Iterable[str], worker_count: int) -> None:
         lease_reclaims.labels(export_type)
         task_retries.labels(export_type)
         task_rows.labels(export_type)
-        for status in STATUSES[2:]:
+        for status in sorted(TERMINAL):
             task_ends.labels(export_type, status)
             task_duration.labels(export_type, status)
     for outcome in CALLBACK_OUTCOMES:

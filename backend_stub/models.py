@@ -1,4 +1,4 @@
-"""The task record, its lifecycle, and the public view the API returns (CONTRACT 2.2)."""
+"""The task record as the stores keep it; `public()` is its view in the shared contract."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,13 +6,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from exports_common import contract
+from exports_common.contract import TERMINAL, Status
 from exports_common.timefmt import rfc3339
-
-PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, CANCELLED = (
-    "PENDING", "RUNNING", "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED",
-)
-TERMINAL = frozenset({COMPLETED, FAILED, TIMEOUT, CANCELLED})
-STATUSES = (PENDING, RUNNING, *tuple(sorted(TERMINAL)))
 
 
 @dataclass
@@ -27,7 +23,7 @@ class Task:
     fingerprint: str
     created_at: float
     updated_at: float
-    status: str = PENDING
+    status: str = Status.PENDING
     progress: int = 0
     current_step: str | None = None
     attempt: int = 1
@@ -55,27 +51,19 @@ class Task:
     def from_json(cls, raw: str | bytes) -> Task:
         return cls(**json.loads(raw))
 
-    def public(self) -> dict[str, Any]:
+    def public(self, estimated_completion_sec: int | None = None) -> dict[str, Any]:
+        """The task as the API answers it: the contract's model, checked on the way out."""
         result = None
         if self.result is not None:
             result = dict(self.result, expire_at=rfc3339(self.expire_at) if self.expire_at else None)
-        return {
-            "task_id": self.task_id,
-            "export_type": self.export_type,
-            "status": self.status,
-            "progress": self.progress,
-            "current_step": self.current_step,
-            "attempt": self.attempt,
-            "created_at": rfc3339(self.created_at),
-            "updated_at": rfc3339(self.updated_at),
-            "result": result,
-            "error": self.error,
-            "degraded": self.degraded,
-            "reruns": self.reruns,
-            "callback": {k: self.callback[k] for k in ("state", "attempts", "last_error")} if self.callback else None,
-            "format": self.format,
-            "timeout_sec": self.timeout_sec,
-        }
+        callback = {k: self.callback[k] for k in ("state", "attempts", "last_error")} if self.callback else None
+        return contract.Task(
+            task_id=self.task_id, export_type=self.export_type, status=self.status, progress=self.progress,
+            current_step=self.current_step, attempt=self.attempt, created_at=rfc3339(self.created_at),
+            updated_at=rfc3339(self.updated_at), result=result, error=self.error, degraded=self.degraded,
+            callback=callback, reruns=self.reruns, format=self.format, timeout_sec=self.timeout_sec,
+            estimated_completion_sec=estimated_completion_sec,
+        ).answer()
 
 
 def error_info(code: str, message: str, retryable: bool) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backend_stub.models import Task
 from exports_common import otel
+from exports_common.contract import Status
 from exports_common.otel import TracingConfig
 
 
@@ -126,7 +127,7 @@ def ended(status: str, rows: int | None) -> None:
         if rows is not None:
             attributes["export.rows"] = rows
         span.set_attributes(attributes)
-        if status != "COMPLETED":
+        if status != Status.COMPLETED:
             span.set_status(trace.StatusCode.ERROR, status)
 
 

@@ -32,10 +32,12 @@ from backend_stub import lifecycle, metrics, tracing
 from backend_stub.config import BackendConfig
 from backend_stub.export_job import Cancelled, ExportJob, JobResult, TransientFailure
 from backend_stub.files import ResultFiles
-from backend_stub.models import COMPLETED, FAILED, RUNNING, TIMEOUT, Task, error_info
+from backend_stub.models import Task, error_info
 from backend_stub.result_store import ResultStore, StoreUnavailable, object_key
-from backend_stub.store import Change, Lease, TaskStore
+from backend_stub.store import Change, Lease, TaskStore, store_down
+from exports_common.contract import Status
 from exports_common.jsonlog import task_id_var, trace_id_var
+from exports_common.periodic import periodic
 
 log = logging.getLogger("backend.worker")
 STORE_RETRY_SEC = 0.5
@@ -90,19 +92,12 @@ class Workers:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def _loop(self, consumer: str) -> None:
-        while True:
-            try:
-                lease = await self.store.claim(consumer, self.config.lease_sec, wait_sec=1.0)
-                if lease is not None:
-                    await self._handle(lease, consumer)
-            except asyncio.CancelledError:
-                raise
-            except (RedisError, OSError) as exc:
-                log.warning("store unreachable; retrying in 1 s", extra={"error": str(exc)})
-                await asyncio.sleep(1.0)
-            except Exception:
-                log.exception("worker loop error; retrying in 1 s")
-                await asyncio.sleep(1.0)
+        async def step() -> None:  # the claim waits up to 1 s for work, so the loop needs no interval
+            lease = await self.store.claim(consumer, self.config.lease_sec, wait_sec=1.0)
+            if lease is not None:
+                await self._handle(lease, consumer)
+
+        await periodic(f"worker {consumer}", step, 0.0, log, expected=store_down("new tasks wait"), retry_sec=1.0)
 
     async def _handle(self, lease: Lease, consumer: str) -> None:
         token = task_id_var.set(lease.task_id)
@@ -128,10 +123,10 @@ class Workers:
         if current is None or spec is None:
             await self.store.ack(lease)
             return None
-        if current.status == RUNNING:
+        if current.status == Status.RUNNING:
             metrics.lease_reclaims.labels(current.export_type).inc()
         task, changed = await self.store.update(lease.task_id, lifecycle.begin(spec.max_attempts))
-        if task is None or not changed or task.status != RUNNING:
+        if task is None or not changed or task.status != Status.RUNNING:
             await self.store.ack(lease)
             return None
         self.files.remove_partials(task.task_id)
@@ -174,7 +169,7 @@ class Workers:
                 # logs "Future exception was never retrieved" with a traceback for a normal TIMEOUT
                 future.add_done_callback(lambda done: done.cancelled() or done.exception())
                 await self._end(task, lease, held, lifecycle.finish(
-                    TIMEOUT, attempt=task.attempt, ttl_sec=self.config.task_ttl_sec,
+                    Status.TIMEOUT, attempt=task.attempt, ttl_sec=self.config.task_ttl_sec,
                     error=error_info("TASK_TIMEOUT", f"the export did not finish within {task.timeout_sec} s",
                                      retryable=True)))
                 return False
@@ -192,7 +187,7 @@ class Workers:
                 continue
             held.renewed()
             tracing.step(job.step)
-            if current is None or current.status != RUNNING or current.attempt != task.attempt:
+            if current is None or current.status != Status.RUNNING or current.attempt != task.attempt:
                 job.cancel()
                 await asyncio.gather(future, return_exceptions=True)
                 log.info("task stopped at a safe point", extra={"status": current.status if current else None})
@@ -220,17 +215,17 @@ class Workers:
                 await held.retrying(lambda: self.store.update(task.task_id, lifecycle.requeue(task.attempt),
                                                               enqueue=True, ack=lease))
                 return
-            change = lifecycle.finish(FAILED, attempt=task.attempt, ttl_sec=ttl, error=error_info(
+            change = lifecycle.finish(Status.FAILED, attempt=task.attempt, ttl_sec=ttl, error=error_info(
                 "EXPORT_FAILED", f"failed {spec.max_attempts} times; last error: {exc}", retryable=False))
         except Cancelled:
             await held.retrying(lambda: self.store.ack(lease))
             return
         except Exception as exc:
             log.exception("export crashed")
-            change = lifecycle.finish(FAILED, attempt=task.attempt, ttl_sec=ttl, error=error_info(
+            change = lifecycle.finish(Status.FAILED, attempt=task.attempt, ttl_sec=ttl, error=error_info(
                 "EXPORT_ERROR", f"the export stopped on an unexpected error: {type(exc).__name__}", retryable=False))
         else:
-            change = lifecycle.finish(COMPLETED, attempt=task.attempt, ttl_sec=ttl, result={
+            change = lifecycle.finish(Status.COMPLETED, attempt=task.attempt, ttl_sec=ttl, result={
                 "download_url": f"/exports/{task.task_id}/file",
                 "rows": result.rows, "bytes": result.bytes, "format": task.format,
             })
@@ -242,7 +237,7 @@ class Workers:
         if not changed:
             # someone else decided first (a cancel, or another worker took over): keep nothing of ours
             await held.retrying(lambda: self.store.ack(lease))
-            if final is None or final.status != COMPLETED:
+            if final is None or final.status != Status.COMPLETED:
                 await self._discard(object_key(task.task_id, task.format))
         elif final is not None:
             metrics.task_ended(task.export_type, final.status, task.started_at, (final.result or {}).get("rows"))

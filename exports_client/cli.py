@@ -24,7 +24,7 @@ from exports_client.errors import (
     Unavailable,
     WaitTimeout,
 )
-from exports_client.models import Task
+from exports_client.models import FORMATS, STATUSES, Task
 
 OK, TASK_FAILED, USAGE, STILL_RUNNING, NOT_FOUND, UNAVAILABLE = 0, 1, 2, 3, 4, 5
 INTERRUPTED = 130
@@ -226,7 +226,7 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
                         help="a filter; VALUE is read as JSON when it is, else as a string; repeat a key for any-of")
     submit.add_argument("--filters-json", metavar="JSON", help="all filters as one JSON object")
-    submit.add_argument("--format", choices=["csv", "jsonl"])
+    submit.add_argument("--format", choices=FORMATS)
     submit.add_argument("--timeout-sec", type=int, metavar="N")
     submit.add_argument("--callback-url", metavar="URL")
     submit.add_argument("--idempotency-key", metavar="K", help="reuse one to make a repeated submit safe")
@@ -242,7 +242,7 @@ def parser() -> argparse.ArgumentParser:
     download.add_argument("id")
     download.add_argument("path")
     listing = command("list", cmd_list, "list your tasks, newest first")
-    listing.add_argument("--status", choices=["PENDING", "RUNNING", "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"])
+    listing.add_argument("--status", choices=STATUSES)
     command("types", cmd_types, "the export types you may submit, with their filters")
     return top
 

@@ -10,7 +10,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"})
+# the server's contract (exports_common.contract) restated, as the SDK imports nothing of the server's;
+# a test compares both with the live /openapi.json
+STATUSES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED")
+TERMINAL = frozenset(STATUSES[2:])
+FORMATS = ("csv", "jsonl")
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Collection
 from urllib.parse import urlencode
 
+from exports_common.contract import STATUSES
 from exports_common.errors import validation_error
 from exports_common.submit_body import shown_name
 
-TASK_STATUSES = ("PENDING", "RUNNING", "CANCELLED", "COMPLETED", "FAILED", "TIMEOUT")
 MAX_LIST_LIMIT = 500
 DEFAULT_LIST_LIMIT = 50
 PARAMS = frozenset({"status", "limit", "cursor"})
@@ -44,8 +44,8 @@ def check_list_query(params: list[tuple[str, str]], allowed: Collection[str] = P
             raise validation_error(name, "give this query parameter once")
         seen[name] = value
     status = seen.get("status")
-    if status is not None and status not in TASK_STATUSES:
-        raise validation_error("status", f"must be one of {list(TASK_STATUSES)}")
+    if status is not None and status not in STATUSES:
+        raise validation_error("status", f"must be one of {list(STATUSES)}")
     raw_limit = seen.get("limit", str(DEFAULT_LIST_LIMIT))
     if not _LIMIT.fullmatch(raw_limit) or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
         raise validation_error("limit", f"must be an integer from 1 to {MAX_LIST_LIMIT}")

@@ -1,4 +1,4 @@
-"""The shape of a submit body (CONTRACT 2.1), checked the same way at the edge and in the backend."""
+"""The shape of a submit body, checked the same way at the edge and in the backend."""
 from __future__ import annotations
 
 import json
@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from typing import Any, Collection
 from urllib.parse import urlsplit
 
+from exports_common.contract import DEFAULT_FORMAT, FORMATS
 from exports_common.errors import validation_error
 from exports_common.netpolicy import host_name_problem
 
-FORMATS = ("csv", "jsonl")
 FIELDS = frozenset({"export_type", "filters", "callback_url", "timeout_sec", "format"})
 
 
@@ -81,5 +81,5 @@ def check_submit_body(
         filters=filters,
         callback_url=check_callback_url(body.get("callback_url")),
         timeout_sec=check_timeout(body.get("timeout_sec", default_timeout_sec), max_timeout_sec),
-        format=check_format(body.get("format", "csv")),
+        format=check_format(body.get("format", DEFAULT_FORMAT)),
     )

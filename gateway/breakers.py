@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from datetime import datetime
 from typing import Awaitable, Callable
 
 import pybreaker
@@ -32,6 +33,7 @@ from gateway.upstream import UpstreamError
 log = logging.getLogger("gateway.breaker")
 STATES = {"closed": 0, "half-open": 1, "open": 2}
 ANONYMOUS = "-"  # calls with no tenant (signed downloads) share one tenant's breaker
+_TRIALS: set[asyncio.Future[GatewayResponse]] = set()
 
 
 class _Report(pybreaker.CircuitBreakerListener):
@@ -44,6 +46,27 @@ class _Report(pybreaker.CircuitBreakerListener):
         log.warning("circuit breaker changed state", extra={"breaker": cb.name, "from": old_name, "to": new_name})
 
 
+class _Storage(pybreaker.CircuitMemoryStorage):
+    """pybreaker's in-memory state, which also keeps the opening time as a unix time.
+
+    A refused call needs the seconds left open, and pybreaker's breaker exposes no accessor
+    for when it opened; its storage interface (`opened_at`) is where a breaker may look.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(pybreaker.STATE_CLOSED)
+        self._opened: datetime | None = None
+        self.opened_ts: float | None = None  # converted once per opening, not per refusal
+
+    @property
+    def opened_at(self) -> datetime | None:
+        return self._opened
+
+    @opened_at.setter
+    def opened_at(self, when: datetime) -> None:
+        self._opened, self.opened_ts = when, when.timestamp()
+
+
 class _Failed(Exception):
     """What pybreaker is told when an answer counts as a failure."""
 
@@ -51,14 +74,14 @@ class _Failed(Exception):
 class Breaker:
     def __init__(self, name: str, fail_max: int, reset_timeout: float, metrics: Metrics,
                  window_sec: float = 10.0, tenant: str | None = None) -> None:
+        self.storage = _Storage()
         self.cb = pybreaker.CircuitBreaker(fail_max=fail_max, reset_timeout=reset_timeout, name=name,
-                                           throw_new_error_on_trip=False, listeners=[_Report(metrics)])
+                                           throw_new_error_on_trip=False, listeners=[_Report(metrics)],
+                                           state_storage=self.storage)
         self.metrics = metrics
         self.tenant = tenant
         self.window_sec = window_sec
         self.trial_in_flight = False
-        self._opened: object = None
-        self._opened_ts = 0.0
         # shared breaker only: each tenant's own breaker, and when each last saw a failure status
         self.tenants: dict[str, Breaker] = {}
         self._failing_since: dict[str, float] = {}
@@ -75,12 +98,10 @@ class Breaker:
 
     def seconds_left_open(self) -> float:
         """Seconds until an open breaker lets a trial through; asked on every call it refuses."""
-        opened = self.cb._state_storage.opened_at  # pybreaker keeps it there; no public accessor
+        opened = self.storage.opened_ts
         if opened is None:
             return 0.0
-        if opened is not self._opened:  # convert each opening's datetime once, not per refusal
-            self._opened, self._opened_ts = opened, opened.timestamp()
-        return max(0.0, self.cb.reset_timeout - (time.time() - self._opened_ts))
+        return max(0.0, self.cb.reset_timeout - (time.time() - opened))
 
     def configure(self, fail_max: int, reset_timeout: float, window_sec: float) -> None:
         for breaker in (self, *self.tenants.values()):
@@ -175,6 +196,9 @@ async def guarded(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse
     # This call is a trial. It runs to its end even if its request is cancelled, so that the
     # upstream's answer decides whether the breaker closes.
     trial = asyncio.ensure_future(_through(breaker, own, call, failure_statuses))
+    # the event loop holds tasks weakly: one whose request went away is held here until it ends
+    _TRIALS.add(trial)
+    trial.add_done_callback(_TRIALS.discard)
     for trying, is_trial in ((breaker, shared_trial), (own, own_trial)):
         if is_trial:
             trial.add_done_callback(trying.trial_done)
@@ -189,8 +213,7 @@ async def _through(shared: Breaker, own: Breaker, call: Callable[[], Awaitable[G
                    failure_statuses: frozenset[int]) -> GatewayResponse:
     try:
         resp = await call()
-    except asyncio.CancelledError:
-        raise  # a request that went away says nothing about the upstream
+    # a request that went away (CancelledError, not an Exception) passes uncounted: it says nothing of the upstream
     except UpstreamError as exc:
         if exc.kind not in ("circuit_open",):
             shared.record(failed=True)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import string
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from starlette.routing import compile_path
 
 from exports_common import dev_mode
 from exports_common.connection_limits import ConnectionLimits, networks
@@ -26,7 +28,6 @@ RESTART_ONLY = ("host", "port", "log_level", "max_header_bytes", "connection_lim
                 "state_dir", "tracing")
 CONTEXT_FIELDS = frozenset(f.name for f in dataclasses.fields(RequestContext))
 HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
-_PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 
 class Strict(BaseModel):
@@ -144,12 +145,14 @@ class RouteConfig(Strict):
     def _path(cls, value: str) -> str:
         if not value.startswith("/"):
             raise ValueError("path must start with /")
+        compile_path(value)  # a duplicated {param} or an unknown {param:convertor} is refused here, not at match
         return value
 
     @field_validator("rewrite")
     @classmethod
     def _rewrite(cls, value: str | None, info: ValidationInfo) -> str | None:
-        missing = set(_PARAM.findall(value or "")) - set(_PARAM.findall(info.data.get("path", "")))
+        used = {field for _, field, _, _ in string.Formatter().parse(value or "") if field is not None}
+        missing = used - set(compile_path(info.data.get("path", "/"))[2])
         if missing:
             raise ValueError(f"rewrite uses {sorted(missing)}, which the path does not define")
         return value

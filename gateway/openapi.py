@@ -15,8 +15,10 @@ import logging
 import time
 from typing import Any
 
+from pydantic.json_schema import models_json_schema
+
+from exports_common.contract import DEFAULT_FORMAT, FORMATS, PUBLIC_MODELS, Format
 from exports_common.errors import ErrorKind
-from exports_common.submit_body import FORMATS
 from exports_common.task_ids import TASK_ID_PATTERN
 from gateway.config import GatewayConfig, plugin_of
 from gateway.plugin_registry import registry
@@ -27,8 +29,17 @@ log = logging.getLogger("gateway.openapi")
 EXPORT_TYPES_PATH = "/api/v1/export-types"
 ExportTypes = list[dict[str, Any]]
 
-STATUSES = ["PENDING", "RUNNING", "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"]
 NULLABLE_STR = {"type": ["string", "null"]}
+
+
+def _contract_schemas() -> dict[str, Any]:
+    """The public task and export type, generated from the contract's models (and the enums they use)."""
+    _, doc = models_json_schema([(model, "validation") for model in PUBLIC_MODELS],
+                                ref_template="#/components/schemas/{model}")
+    return dict(doc["$defs"])
+
+
+CONTRACT_SCHEMAS = _contract_schemas()
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -74,7 +85,7 @@ def _submit_properties(export_type: dict[str, Any], filters: dict[str, Any], max
         "callback_url": {"type": ["string", "null"], "format": "uri", "maxLength": 2048,
                          "description": "absolute http(s) URL of a public address"},
         "timeout_sec": {"type": "integer", "minimum": 1, "maximum": max_timeout, "default": 300},
-        "format": {"type": "string", "enum": list(FORMATS), "default": "csv"},
+        "format": {"type": "string", "enum": list(FORMATS), "default": DEFAULT_FORMAT.value},
     }
 
 
@@ -108,56 +119,14 @@ def _schemas(config: GatewayConfig, types: ExportTypes | None) -> dict[str, Any]
     accepts = _accepts(config)
     allowed = list(accepts["export_types"]) if accepts.get("export_types") else None
     max_timeout = accepts.get("max_timeout_sec", 3600)
-    task = {
-        "type": "object",
-        "required": ["task_id", "export_type", "status", "progress", "current_step", "attempt", "created_at",
-                     "updated_at", "result", "error", "degraded", "callback"],
-        "properties": {
-            "task_id": {"type": "string", "pattern": TASK_ID_PATTERN.pattern},
-            "export_type": {"type": ["string", "null"]},
-            "status": {"type": "string", "enum": STATUSES},
-            "progress": {"type": "integer", "minimum": 0, "maximum": 100},
-            "current_step": NULLABLE_STR,
-            "attempt": {"type": "integer", "minimum": 1},
-            "created_at": {"type": "string", "format": "date-time"},
-            "updated_at": {"type": "string", "format": "date-time"},
-            "result": {"oneOf": [{"type": "null"}, _ref("Result")]},
-            "error": {"oneOf": [{"type": "null"}, _ref("TaskError")]},
-            "degraded": {"type": "boolean"},
-            "callback": {"oneOf": [{"type": "null"}, _ref("CallbackState")]},
-            "reruns": {"type": "integer", "minimum": 0},
-            "format": {"type": "string", "enum": list(FORMATS)},
-            "timeout_sec": {"type": "integer", "minimum": 1},
-            "estimated_completion_sec": {"type": "integer", "minimum": 0},
-        },
-    }
     return {
         **_submit_request(types, allowed, max_timeout),
-        "ExportType": {"type": "object", "required": ["export_type", "filters_schema", "formats"],
-                       "properties": {"export_type": {"type": "string"},
-                                      "filters_schema": {"type": "object",
-                                                         "description": "JSON Schema of this type's filters"},
-                                      "formats": {"type": "array", "items": {"type": "string", "enum": list(FORMATS)}},
-                                      "max_attempts": {"type": "integer", "minimum": 1},
-                                      "estimated_completion_sec": {"type": "integer", "minimum": 0}}},
+        **CONTRACT_SCHEMAS,
         "ExportTypesEnvelope": {
             "type": "object", "required": ["code", "message", "data"],
             "properties": {"code": {"const": 0}, "message": {"const": "success"}, "data": {
                 "type": "object", "required": ["items"],
                 "properties": {"items": {"type": "array", "items": _ref("ExportType")}}}}},
-        "Task": task,
-        "Result": {"type": "object", "required": ["download_url", "expire_at", "rows", "bytes", "format"],
-                   "properties": {"download_url": {"type": "string"},
-                                  "expire_at": {"type": "string", "format": "date-time"},
-                                  "rows": {"type": "integer", "minimum": 0}, "bytes": {"type": "integer", "minimum": 0},
-                                  "format": {"type": "string", "enum": list(FORMATS)}}},
-        "TaskError": {"type": "object", "required": ["code", "message", "retryable"],
-                      "properties": {"code": {"type": "string"}, "message": {"type": "string"},
-                                     "retryable": {"type": "boolean"}}},
-        "CallbackState": {"type": "object", "required": ["state", "attempts", "last_error"],
-                          "properties": {"state": {"type": "string", "enum": ["PENDING", "DELIVERED", "FAILED"]},
-                                         "attempts": {"type": "integer", "minimum": 0},
-                                         "last_error": NULLABLE_STR}},
         "TaskEnvelope": {"type": "object", "required": ["code", "message", "data"],
                          "properties": {"code": {"const": 0}, "message": {"const": "success"}, "data": _ref("Task")}},
         "TaskListEnvelope": {
@@ -172,6 +141,7 @@ def _schemas(config: GatewayConfig, types: ExportTypes | None) -> dict[str, Any]
     }
 
 
+FILE_CONTENT = {f.media_type.split(";")[0]: {"schema": {"type": "string"}} for f in Format}
 TASK_ID_PARAM = {"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"},
                  "description": f"a task id ({TASK_ID_PATTERN.pattern}); anything else is 404"}
 
@@ -213,7 +183,7 @@ def build(config: GatewayConfig, export_types: ExportTypes | None = None) -> dic
                 "get": {
                     "operationId": "listExports", "summary": "The caller's tasks, newest first",
                     "parameters": [
-                        {"name": "status", "in": "query", "schema": {"type": "string", "enum": STATUSES}},
+                        {"name": "status", "in": "query", "schema": _ref("Status")},
                         {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
                                                                     "maximum": 500, "default": 50}},
                         {"name": "cursor", "in": "query", "schema": {"type": "string"},
@@ -257,12 +227,8 @@ def build(config: GatewayConfig, export_types: ExportTypes | None = None) -> dic
                         {"name": "Range", "in": "header", "required": False, "schema": {"type": "string"}},
                     ],
                     "responses": {
-                        "200": {"description": "the file", "content": {
-                            "text/csv": {"schema": {"type": "string"}},
-                            "application/x-ndjson": {"schema": {"type": "string"}}}},
-                        "206": {"description": "the requested range", "content": {
-                            "text/csv": {"schema": {"type": "string"}},
-                            "application/x-ndjson": {"schema": {"type": "string"}}}},
+                        "200": {"description": "the file", "content": FILE_CONTENT},
+                        "206": {"description": "the requested range", "content": FILE_CONTENT},
                         **_errors(401, 403, 404, 410, 429, 502, 503, 504),
                     },
                 },

@@ -1,12 +1,12 @@
-"""Matches a request to a configured route: path with {params}, then method."""
+"""Matches a request to a configured route: path with {params} (Starlette's templates), then method."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from gateway.config import RouteConfig
+from starlette.routing import compile_path
 
-_PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+from gateway.config import RouteConfig
 
 
 @dataclass(frozen=True)
@@ -20,13 +20,8 @@ class Match:
 
 class Router:
     def __init__(self, routes: list[RouteConfig]) -> None:
-        self._compiled = [(self._pattern(r.path), r) for r in routes]
-
-    @staticmethod
-    def _pattern(path: str) -> re.Pattern[str]:
-        parts = _PARAM.split(path)
-        regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^/]+)" for i, p in enumerate(parts))
-        return re.compile(f"^{regex}$")
+        # params stay strings (a `{id:int}` only narrows what matches): rewrites format them into a path
+        self._compiled: list[tuple[re.Pattern[str], RouteConfig]] = [(compile_path(r.path)[0], r) for r in routes]
 
     def match(self, method: str, path: str) -> Match | list[str]:
         """The match, or the methods this path allows (empty: no route has this path)."""

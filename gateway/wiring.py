@@ -11,13 +11,12 @@ import hashlib
 import logging
 import signal
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import AsyncIterator
 
-from exports_common import dev_mode, otel
+from exports_common import dev_mode, otel, periodic
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.signing import DownloadSigner
-from gateway import telemetry
+from gateway import config_watch, telemetry
 from gateway.breakers import Breakers
 from gateway.config import GatewayConfig
 from gateway.limiter import Limiter
@@ -46,7 +45,6 @@ class RuntimeHolder:
         self.config_path = config_path
         self._runtime: Runtime | None = None
         self.config_hash = ""
-        self._config_mtime = self._mtime()
         # the file as it was at start (without --host/--port): what restart-only settings are compared with
         self._started_file = self._load() or config
 
@@ -62,27 +60,18 @@ class RuntimeHolder:
             raise RuntimeError("the gateway has not started")
         return self._runtime
 
-    def _mtime(self) -> float | None:
-        try:
-            return Path(self.config_path).stat().st_mtime if self.config_path else None
-        except OSError:
-            return None
-
     def apply(self, runtime: Runtime) -> None:
         self._runtime = runtime
         self.config_hash = hashlib.sha256(runtime.config.model_dump_json().encode()).hexdigest()[:16]
         runtime.services.metrics.seed([(r.name, r.upstream) for r in runtime.config.routes])
 
     async def watch_config(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            mtime = self._mtime()
-            if mtime is not None and mtime != self._config_mtime:
+        if self.config_path:
+            async for _ in config_watch.changes(self.config_path):
                 await self.reload()
 
     async def reload(self) -> Reload:
         """Load the config file again; a config that does not validate is refused and the old one kept."""
-        self._config_mtime = self._mtime()
         if not self.config_path:
             return Reload(["the gateway was started without a config file"])
         try:
@@ -97,9 +86,11 @@ class RuntimeHolder:
             log.error("config reload refused outside dev mode; the config in force keeps serving",
                       extra={"problems": unsafe})
             return Reload(unsafe)
+        restart = config.restart_required(self._started_file)
+        if config == self.runtime.config:  # the watcher and a SIGHUP or /admin/reload may both see one edit
+            return Reload([], restart)
         self.apply(build_runtime(config, self.runtime.services))
         self.runtime.services.metrics.config_reloads.add("applied")
-        restart = config.restart_required(self._started_file)
         log.info("config reloaded", extra={"routes": len(config.routes), "config_hash": self.config_hash})
         if restart:
             log.warning("config reloaded, but these settings keep their value from the start until a restart",
@@ -138,14 +129,18 @@ async def running(holder: RuntimeHolder) -> AsyncIterator[None]:
     holder.apply(build_runtime(holder.initial_config, services))
     # the plugins' background work (the outbox's drainer) runs on whatever services are in force
     background = [work for plugin in registry().usable() for work in plugin.background(lambda: holder.runtime.services)]
-    tasks = [asyncio.create_task(work) for work in [holder.watch_config(), *background]]
+    reloads: set[asyncio.Task[Reload]] = set()  # held until done: the loop keeps tasks weakly
+
+    def on_sighup() -> None:
+        reloads.add(reload := asyncio.create_task(holder.reload()))
+        reload.add_done_callback(reloads.discard)
+
     with contextlib.suppress(NotImplementedError, RuntimeError):
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(holder.reload()))
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_sighup)
     try:
-        yield
+        async with periodic.running(holder.watch_config(), *background):
+            yield
     finally:
-        for task in tasks:
-            task.cancel()
         await services.client.close()
         otel.shutdown()
         if services.state.redis is not None:

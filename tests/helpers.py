@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import httpx
 
+from exports_common.contract import TERMINAL
 from exports_common.task_ids import new_task_id
 from tests.procs import wait_until
-
-TERMINAL = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"}
 
 
 def backend_create(url: str, body: dict[str, Any], tenant: str = "t1", task_id: str | None = None) -> httpx.Response:
@@ -24,7 +23,7 @@ def backend_task(url: str, task_id: str, tenant: str | None = None) -> dict[str,
     return resp.json()["data"]
 
 
-def wait_status(url: str, task_id: str, statuses: set[str] = TERMINAL, timeout: float = 20.0,
+def wait_status(url: str, task_id: str, statuses: Collection[str] = TERMINAL, timeout: float = 20.0,
                 path: str = "/exports/", headers: dict[str, str] | None = None) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:
         resp = httpx.get(f"{url}{path}{task_id}", headers=headers or {}, timeout=10)

@@ -1,4 +1,4 @@
-"""Signed callbacks from the backend to a real receiver (CONTRACT section 4)."""
+"""Signed callbacks from the backend to a real receiver."""
 from __future__ import annotations
 
 import itertools

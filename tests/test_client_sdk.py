@@ -40,7 +40,7 @@ from exports_client import (
     polling,
     verify_webhook,
 )
-from exports_client.models import CallbackState, Result, TaskError
+from exports_client.models import FORMATS, STATUSES, CallbackState, Result, TaskError
 from exports_common import webhooks
 from tests.client_stack import SLOW_DELAY_SEC, ClientStack, CuttingProxy, start_stack
 from tests.conftest import DEMO2_KEY, DEMO_KEY
@@ -349,11 +349,13 @@ def _schema_types(hint: Any) -> set[str]:
     return {names.get(a, f"#/components/schemas/{getattr(a, '__name__', a)}") for a in args}
 
 
-def _openapi_types(schema: dict[str, Any]) -> set[str]:
+def _openapi_types(schema: dict[str, Any], schemas: dict[str, Any]) -> set[str]:
     if "$ref" in schema:
-        return {schema["$ref"]}
-    if "oneOf" in schema:
-        return set().union(*(_openapi_types(s) for s in schema["oneOf"]))
+        target = schemas[schema["$ref"].rsplit("/", 1)[1]]
+        return {target["type"]} if "enum" in target else {schema["$ref"]}  # an enum is its values' type
+    for union in ("oneOf", "anyOf"):
+        if union in schema:
+            return set().union(*(_openapi_types(s, schemas) for s in schema[union]))
     kind = schema.get("type", "string")
     return set(kind) if isinstance(kind, list) else {kind}
 
@@ -367,10 +369,16 @@ def test_models_match_the_gateways_live_openapi(stack: ClientStack, model: type,
     fields = {f.name for f in dataclasses.fields(model)}
     assert fields == set(schema["properties"]), f"{name}: fields differ from the gateway's schema"
     for field in fields:
-        expected = _openapi_types(schema["properties"][field])
+        expected = _openapi_types(schema["properties"][field], schemas)
         if field not in schema.get("required", []):
             expected.add("null")  # optional in the document: None when absent
         assert _schema_types(hints[field]) == expected, (name, field)
+
+
+def test_the_sdks_statuses_and_formats_are_the_gateways(stack: ClientStack) -> None:
+    schemas = httpx.get(f"{stack.gateway.url}/openapi.json").json()["components"]["schemas"]
+    assert schemas["Status"]["enum"] == list(STATUSES)
+    assert schemas["Format"]["enum"] == list(FORMATS)
 
 
 def test_openapi_types_the_filters_of_each_export_type(stack: ClientStack) -> None:

@@ -1,4 +1,4 @@
-"""The public API through a real gateway in front of a real backend (CONTRACT section 2 and 5)."""
+"""The public API through a real gateway in front of a real backend."""
 from __future__ import annotations
 
 import asyncio
@@ -6,12 +6,13 @@ import re
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import httpx
 import pytest
 import yaml
 
+from exports_common.contract import TERMINAL
 from exports_common.signing import DownloadSigner
 from exports_common.task_ids import TASK_ID_PATTERN, new_task_id
 from tests.conftest import (
@@ -22,7 +23,7 @@ from tests.conftest import (
     backend_config,
     gateway_config,
 )
-from tests.helpers import TERMINAL, assert_envelope_error, upstream_calls, wait_status
+from tests.helpers import assert_envelope_error, upstream_calls, wait_status
 from tests.procs import Service, wait_until
 
 API = "/api/v1/exports"
@@ -41,7 +42,7 @@ class Stack:
         with self.client(key) as c:
             return c.post(API, json=body, headers=headers)
 
-    def wait(self, task_id: str, statuses: set[str] | None = None, key: str = DEMO_KEY) -> dict[str, Any]:
+    def wait(self, task_id: str, statuses: Collection[str] | None = None, key: str = DEMO_KEY) -> dict[str, Any]:
         return wait_status(self.gateway.url, task_id, statuses or TERMINAL, path=f"{API}/",
                            headers={"Authorization": f"Bearer {key}"})
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import DEMO_KEY, backend_config, gateway_config
-from tests.helpers import backend_task, wait_status
+from tests.helpers import backend_create, backend_task, wait_status
 from tests.procs import RedisServer, Service, wait_until
 
 API = "/api/v1/exports"
@@ -273,3 +273,40 @@ def test_route_config_checks_that_idempotency_fixes_the_task_id_first(plugins: l
     with pytest.raises(ValidationError, match=problem):
         RouteConfig.model_validate({"name": "submit", "path": "/s", "methods": ["POST"], "upstream": "exports",
                                     "plugins": plugins})
+
+
+
+def _log_records(service: Service) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in service.log().splitlines() if line.startswith("{")]
+
+
+def test_background_loops_log_one_warning_while_redis_is_down_and_resume_after(
+        services: Callable[..., Service], redis_aof: RedisServer, tmp_path: Path) -> None:
+    loops = ("expiry sweep", "callback dispatch", "worker")
+    backend = services("backend_stub", backend_config(tmp_path, redis_aof.url, sweep_interval_sec=0.2, workers=1,
+                                                      callbacks={"poll_interval_sec": 0.1}))
+    redis_aof.kill()
+
+    def warned() -> list[dict[str, Any]]:
+        return [r for r in _log_records(backend) if "failed: the task store (Redis) does not answer" in r["msg"]]
+
+    wait_until(lambda: {n for n in loops if any(r["msg"].startswith(n) for r in warned())} == set(loops), 20,
+               what="each loop to say Redis is down")
+    # the outage goes on for many of the loops' intervals (0.1 s, 0.2 s, 1 s), the backend says not ready
+    down_until = time.monotonic() + 2.5
+    while time.monotonic() < down_until:
+        assert httpx.get(f"{backend.url}/readyz", timeout=5).status_code == 503
+    assert len(warned()) == len(loops), "one line per loop, the next only a minute on"
+    redis_aof.restart()
+
+    def recovered() -> dict[str, int]:
+        return {n: r["failures"] for r in _log_records(backend) for n in loops
+                if r["msg"].startswith(n) and r["msg"].endswith("works again")}
+
+    again = wait_until(lambda: (found := recovered()).keys() == set(loops) and found, 20,
+                       what="every loop to work again")
+    assert again["expiry sweep"] >= 5 and again["callback dispatch"] >= 10 and again["worker"] >= 2, again
+    created = backend_create(backend.url, BODY, tenant="demo")
+    assert created.status_code == 201, created.text
+    assert wait_status(backend.url, created.json()["data"]["task_id"], headers=TENANT)["status"] == "COMPLETED"
+    assert "Traceback" not in backend.log()

@@ -1,4 +1,4 @@
-"""Resilience with real faults in real processes: kill -9, SIGSTOP, injected 503s (CONTRACT section 3)."""
+"""Resilience with real faults in real processes: kill -9, SIGSTOP, injected 503s."""
 from __future__ import annotations
 
 import asyncio

@@ -9,10 +9,11 @@ from typing import AsyncIterator
 
 import pytest
 
-from backend_stub.models import COMPLETED, Task
+from backend_stub.models import Task
 from backend_stub.store.base import TaskStore
 from backend_stub.store.redis_store import RedisTaskStore
 from backend_stub.store.sqlite_store import SqliteTaskStore
+from exports_common.contract import Status
 from exports_common.task_ids import new_task_id
 from tests.procs import RedisServer
 
@@ -91,9 +92,9 @@ async def test_list_pages_newest_first_and_expiry(store: TaskStore) -> None:
     assert seen == [t.task_id for t in reversed(tasks)]
 
 
-    await store.update(tasks[0].task_id, lambda t: dataclasses.replace(t, status=COMPLETED, expire_at=base - 1))
+    await store.update(tasks[0].task_id, lambda t: dataclasses.replace(t, status=Status.COMPLETED, expire_at=base - 1))
     assert await store.expired(time.time(), 10) == [tasks[0].task_id]
-    assert [t.task_id for t in (await store.list_tasks("lister", COMPLETED, 10, None))[0]] == [tasks[0].task_id]
+    assert [t.task_id for t in (await store.list_tasks("lister", Status.COMPLETED, 10, None))[0]] == [tasks[0].task_id]
     await store.delete(tasks[0].task_id)
     assert await store.get(tasks[0].task_id) is None
     assert await store.expired(time.time(), 10) == []

@@ -2,15 +2,22 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
+import time
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
+from pydantic import ValidationError
 
-from exports_common import webhooks
+from backend_stub.export_job import WRITERS
+from exports_common import contract, webhooks
 from exports_common.errors import ApiError
 from exports_common.netpolicy import AddressPolicy, refusal
 from exports_common.otel import TracingConfig
+from exports_common.periodic import periodic, running
 from exports_common.signing import DownloadSigner
 from exports_common.task_ids import is_task_id, new_task_id
 from gateway import telemetry
@@ -165,3 +172,84 @@ async def test_one_tenants_failure_statuses_open_its_own_breaker_two_tenants_ope
     for _ in range(3):  # a second tenant failing too: now the upstream looks unwell
         await guarded(breaker, failing, frozenset({500}), "b")
     assert breaker.state == "open"
+
+
+# -- the task contract ------------------------------------------------------------------------------
+
+
+def test_a_signed_link_carries_what_its_verifier_reads() -> None:
+    signer = DownloadSigner(["s" * 32])
+    link = urlsplit(contract.signed_link(signer, "https://gw.example", "exp-20261129-aaaaaaaaaaaaaaaa",
+                                         time.time() + 60))
+    assert link.path == "/api/v1/exports/exp-20261129-aaaaaaaaaaaaaaaa/download"
+    expires, sig = contract.link_params(parse_qsl(link.query))
+    assert expires is not None and sig is not None
+    assert signer.verify("exp-20261129-aaaaaaaaaaaaaaaa", expires, sig)
+    assert not signer.verify("exp-20261129-bbbbbbbbbbbbbbbb", expires, sig)
+    assert contract.link_params([("expires", str(expires)), ("expires", str(expires)), ("sig", sig)]) == (None, sig)
+
+
+@pytest.mark.parametrize("status,error,cause", [
+    ("TIMEOUT", None, "TIMEOUT"), ("FAILED", {"retryable": True}, "FAILED_RETRYABLE"),
+    ("FAILED", {"retryable": False}, None), ("FAILED", None, None), ("COMPLETED", None, None),
+    ("CANCELLED", None, None)])
+def test_which_finished_tasks_may_run_again(status: str, error: dict[str, Any] | None, cause: str | None) -> None:
+    assert contract.rerun_cause(status, error) == cause
+
+
+def test_a_task_answer_leaves_out_what_is_not_known_and_refuses_a_bad_status() -> None:
+    now = "2026-11-29T00:00:00Z"
+    fields = dict(task_id="exp-20261129-aaaaaaaaaaaaaaaa", export_type=None, progress=0, current_step=None,
+                  attempt=1, created_at=now, updated_at=now, result=None, error=None, degraded=True, callback=None)
+    answer = contract.Task(status="PENDING", **fields).answer()
+    assert answer["status"] == "PENDING" and "reruns" not in answer and answer["current_step"] is None
+    with pytest.raises(ValidationError):
+        contract.Task(status="DONE", **fields)
+
+
+def test_every_output_format_has_a_media_type_and_a_writer() -> None:
+    assert {f.media_type.split(";")[0] for f in contract.Format} == {"text/csv", "application/x-ndjson"}
+    assert set(WRITERS) == set(contract.Format)
+
+
+# -- background loops -----------------------------------------------------------------------------
+
+
+async def test_a_loop_logs_an_expected_failure_once_without_traceback_and_its_recovery(
+        caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[int] = []
+    recovered = asyncio.Event()
+
+    async def step() -> None:
+        calls.append(1)
+        if len(calls) <= 20:
+            raise ConnectionError("refused")
+        if len(calls) == 22:
+            recovered.set()
+
+    with caplog.at_level(logging.INFO, logger="test.loop"):
+        async with running(periodic("sweep", step, 0.001, logging.getLogger("test.loop"),
+                                    expected={ConnectionError: "the store is down: start it"})) as tasks:
+            await asyncio.wait_for(recovered.wait(), 10)
+    assert tasks[0].cancelled(), "cancelling stops the loop"
+    lines = [(r.levelname, r.getMessage(), r.exc_info) for r in caplog.records]
+    assert lines == [("WARNING", "sweep failed: the store is down: start it", None),
+                     ("INFO", "sweep works again", None)]
+    assert caplog.records[1].failures == 20  # type: ignore[attr-defined]
+
+
+async def test_a_loop_survives_an_unexpected_error_and_logs_its_traceback_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[int] = []
+    done = asyncio.Event()
+
+    async def step() -> None:
+        calls.append(1)
+        if len(calls) == 5:
+            done.set()
+        raise KeyError("surprise")
+
+    with caplog.at_level(logging.INFO, logger="test.loop"):
+        async with running(periodic("drain", step, 0.001, logging.getLogger("test.loop"))):
+            await asyncio.wait_for(done.wait(), 10)
+    assert [r.exc_info is not None for r in caplog.records] == [True]

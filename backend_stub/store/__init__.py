@@ -1,8 +1,22 @@
 """Task state and the work queue, behind one interface with two implementations."""
 from __future__ import annotations
 
+import sqlite3
+
+from redis.exceptions import RedisError
+
 from backend_stub.config import BackendConfig
 from backend_stub.store.base import Change, Lease, TaskStore
+
+
+def store_down(waiting: str) -> dict[type[Exception], str]:
+    """A background loop's expected store failures, each with what waits and what to check."""
+    return {
+        RedisError: f"the task store (Redis) does not answer; {waiting} until it does: check that Redis runs "
+                    "at redis_url",
+        sqlite3.Error: f"the task store (SQLite) failed; {waiting} until it works: check data_dir's disk",
+        OSError: f"the task store cannot be reached; {waiting} until it can",
+    }
 
 
 def open_store(config: BackendConfig) -> TaskStore:
@@ -15,4 +29,4 @@ def open_store(config: BackendConfig) -> TaskStore:
     return SqliteTaskStore(config.data_dir)
 
 
-__all__ = ["Change", "Lease", "TaskStore", "open_store"]
+__all__ = ["Change", "Lease", "TaskStore", "open_store", "store_down"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from backend_stub.models import Task
+from exports_common.contract import DeliveryState
 
 # Returns the new record, or None to leave the task as it is.
 Change = Callable[[Task], "Task | None"]
@@ -73,7 +74,7 @@ class TaskStore(Protocol):
 
 def callback_due(task: Task) -> float | None:
     cb = task.callback
-    return cb.get("next_at") if cb is not None and cb.get("state") == "PENDING" else None
+    return cb.get("next_at") if cb is not None and cb.get("state") == DeliveryState.PENDING else None
 
 
 def encode_cursor(created_at: float, task_id: str) -> str:

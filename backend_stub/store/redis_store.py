@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from redis.exceptions import ResponseError, WatchError
 
-from backend_stub.models import PENDING, Task
+from backend_stub.models import Task
 from backend_stub.store.base import (
     Change,
     Lease,
@@ -27,6 +27,7 @@ from backend_stub.store.base import (
     decode_cursor,
     encode_cursor,
 )
+from exports_common.contract import Status
 from exports_common.redis_client import connect
 
 _GROUP = "workers"
@@ -238,7 +239,7 @@ class RedisTaskStore:
                         continue
                     task = Task.from_json(raw)
                     counts[(tenant, task.status)] = counts.get((tenant, task.status), 0) + 1
-                    if task.status == PENDING:
+                    if task.status == Status.PENDING:
                         oldest[tenant] = min(oldest.get(tenant, task.created_at), task.created_at)
         return counts, oldest
 

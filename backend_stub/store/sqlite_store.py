@@ -12,7 +12,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from backend_stub.models import PENDING, TERMINAL, Task
+from backend_stub.models import Task
 from backend_stub.store.base import (
     Change,
     Lease,
@@ -20,6 +20,7 @@ from backend_stub.store.base import (
     decode_cursor,
     encode_cursor,
 )
+from exports_common.contract import TERMINAL, Status
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -201,7 +202,7 @@ class SqliteTaskStore:
         oldest: dict[str, float] = {}
         for tenant, status, n, created in rows.fetchall():
             counts[(tenant, status)] = n
-            if status == PENDING:
+            if status == Status.PENDING:
                 oldest[tenant] = created
         return counts, oldest
 

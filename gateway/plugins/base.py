@@ -7,10 +7,10 @@ each says which of them it `needs` (set by an earlier plugin) and which it
 `provides` (sets before calling the next). The chain builder checks every route
 against these declarations when the config is loaded.
 
-A plugin also owns everything else about itself: its state (`services.kv`,
-`services.shared`), its metrics (`services.metrics.tally`), its background work,
-its gauges and its part of /admin/stats, through the class-level hooks below.
-Nothing outside the plugin's module names it.
+A plugin also owns everything else about itself: its state (`services.state.kv`,
+`services.state.shared`), its counters (`services.metrics.tally`), its background
+work, its gauges and its part of /admin/stats, through the class-level hooks
+below. Nothing outside the plugin's module names it but the registry.
 """
 from __future__ import annotations
 
@@ -117,7 +117,6 @@ class PluginBase(ABC, Generic[S]):
     async def stats(cls, services: Services) -> dict[str, Any]:
         """This plugin's part of /admin/stats (merged into the answer's top level)."""
         return {}
-
 
 
 Plugin = PluginBase[Any]

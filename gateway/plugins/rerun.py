@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import Field
 
+from exports_common.contract import ACTIVE, Format, RerunCause, rerun_cause
 from exports_common.errors import ApiError
 from gateway.context import Handler, RequestContext
 from gateway.plugins.base import PluginBase, RouteInfo, Settings
@@ -24,11 +25,8 @@ from gateway.upstream import UpstreamError
 
 class RerunOverrides(Settings):
     timeout_sec: int | None = Field(None, ge=1)
-    format: Literal["csv", "jsonl"] | None = None
+    format: Format | None = None
     degraded: bool = True
-
-
-RerunCause = Literal["TIMEOUT", "FAILED_RETRYABLE"]
 
 
 def _default_causes() -> list[RerunCause]:
@@ -57,9 +55,8 @@ class Rerun(PluginBase[RerunSettings]):
     def _eligible(self, task: Any) -> bool:
         if not isinstance(task, dict) or task.get("reruns", 0) >= self.settings.max_reruns:
             return False
-        status, error = task.get("status"), task.get("error") or {}
-        return (status == "TIMEOUT" and "TIMEOUT" in self.settings.on) or (
-            status == "FAILED" and bool(error.get("retryable")) and "FAILED_RETRYABLE" in self.settings.on)
+        error = task.get("error")
+        return rerun_cause(str(task.get("status")), error if isinstance(error, dict) else None) in self.settings.on
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         resp = await self.next(ctx)
@@ -70,7 +67,7 @@ class Rerun(PluginBase[RerunSettings]):
         current = await self._rerun(ctx, task)
         if current is None:
             return resp
-        headers = {} if current.get("status") not in ("PENDING", "RUNNING") else {"Retry-After": "1"}
+        headers = {"Retry-After": "1"} if current.get("status") in ACTIVE else {}
         return GatewayResponse.envelope(current, headers=headers)
 
     async def _rerun(self, ctx: RequestContext, task: dict[str, Any]) -> dict[str, Any] | None:

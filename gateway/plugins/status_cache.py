@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from exports_common.contract import TERMINAL, Status
 from exports_common.timefmt import parse_rfc3339
 from gateway.context import Handler, RequestContext
 from gateway.kv import KeyValue
@@ -21,12 +22,10 @@ from gateway.response import GatewayResponse, freeze, thaw
 from gateway.services import Services
 from gateway.telemetry import Tally
 
-TERMINAL = ["COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"]
-
 
 class StatusCacheSettings(Settings):
     ttl_sec: float = Field(5.0, gt=0, le=3600)
-    terminal_statuses: list[str] = Field(default_factory=lambda: list(TERMINAL))
+    terminal_statuses: list[Status] = Field(default_factory=lambda: sorted(TERMINAL))
     param: str = "task_id"
     poll_initial_sec: int = Field(1, ge=1)
     poll_max_sec: int = Field(30, ge=1)

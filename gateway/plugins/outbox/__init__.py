@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Coroutine, Literal
 
 from pydantic import Field
 
+from exports_common.contract import Status, Task
 from exports_common.errors import ApiError, ErrorKind, unavailable
 from exports_common.timefmt import rfc3339
 from gateway.context import Handler, RequestContext
@@ -38,12 +39,12 @@ class OutboxSettings(Settings):
 
 
 def pending_task(item: OutboxItem, body: Any) -> dict[str, Any]:
+    """The task as the outbox knows it: submitted, not yet seen by the upstream."""
     created = rfc3339(item.created_at)
-    return {
-        "task_id": item.task_id, "export_type": body.get("export_type") if isinstance(body, dict) else None,
-        "status": "PENDING", "progress": 0, "current_step": None, "attempt": 1, "created_at": created,
-        "updated_at": created, "result": None, "error": None, "degraded": True, "callback": None,
-    }
+    export_type = body.get("export_type") if isinstance(body, dict) else None
+    return Task(task_id=item.task_id, export_type=export_type if isinstance(export_type, str) else None,
+                status=Status.PENDING, progress=0, current_step=None, attempt=1, created_at=created,
+                updated_at=created, result=None, error=None, degraded=True, callback=None).answer()
 
 
 def _store(services: Services) -> OutboxStore:

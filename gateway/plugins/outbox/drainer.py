@@ -12,7 +12,6 @@ delays the others by at most that lease.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -21,6 +20,7 @@ from typing import Callable
 from redis.exceptions import RedisError
 
 from exports_common.errors import ApiError
+from exports_common.periodic import periodic
 from gateway.breakers import guarded
 from gateway.plugins.outbox.store import OutboxItem, OutboxStore
 from gateway.response import GatewayResponse
@@ -43,20 +43,9 @@ class OutboxDrainer:
         self.owner = f"{socket.gethostname()}-{os.getpid()}"
 
     async def run(self) -> None:
-        delay = self.interval
-        while True:
-            try:
-                ok = await self.drain_once()
-            except asyncio.CancelledError:
-                raise
-            except RedisError as exc:
-                log.warning("outbox unreachable; will try again", extra={"error": str(exc)})
-                ok = False
-            except Exception:
-                log.exception("outbox drain failed; will try again")
-                ok = False
-            delay = self.interval if ok else min(self.max_backoff, delay * 2)
-            await asyncio.sleep(delay)
+        await periodic("outbox drain", self.drain_once, self.interval, log, max_backoff_sec=self.max_backoff,
+                       expected={RedisError: "the shared outbox (Redis) does not answer; outboxed submissions "
+                                             "wait until it does: check that Redis runs at redis_url"})
 
     async def drain_once(self) -> bool:
         """Deliver what can be delivered; False when the upstream is still failing."""

@@ -1,0 +1,74 @@
+"""The gateway applies an edit of its config file by itself (watchfiles), once per edit, and refuses a broken one."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import yaml
+
+from tests.conftest import ADMIN_TOKEN, gateway_config
+from tests.procs import Service, free_port, wait_until
+from tests.test_observability import metric, scrape
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def _state(gateway: Service) -> tuple[str, float, float]:
+    """(config hash in force, reloads applied, reloads refused) from /metrics."""
+    text = scrape(gateway)
+    found = re.search(r'^gateway_config_info\{hash="([0-9a-f]{16})"\} 1\.0$', text, re.M)
+    assert found, "the config in force is named by its hash"
+    return (found.group(1), metric(text, "gateway_config_reloads_total", outcome="applied") or 0.0,
+            metric(text, "gateway_config_reloads_total", outcome="refused") or 0.0)
+
+
+def _save(path: Path, text: str) -> None:
+    """As editors save: a new file renamed over the old one (a watch on the old file would miss it)."""
+    scratch = path.with_name(path.name + ".saving")
+    scratch.write_text(text)
+    os.replace(scratch, path)
+
+
+def _routes(gateway: Service) -> list[str]:
+    config = httpx.get(f"{gateway.url}/admin/routes", headers=ADMIN, timeout=10).json()["data"]
+    return [r["name"] for r in config["routes"]]
+
+
+def test_each_edit_of_the_config_file_is_applied_once_and_a_broken_one_refused(
+        services: Callable[..., Service], tmp_path: Path) -> None:
+    # no backend: reloading needs none, and its absence keeps the test to the watcher
+    gateway = services("gateway", gateway_config(tmp_path, f"http://127.0.0.1:{free_port()}"))
+    start_hash, applied, refused = _state(gateway)
+    assert (applied, refused) == (0, 0)
+    text = gateway.config_path.read_text()
+
+    # events without a change of content: rewritten as it was, then touched
+    _save(gateway.config_path, text)
+    os.utime(gateway.config_path)
+    config = yaml.safe_load(text)
+    config["routes"] = [r for r in config["routes"] if r["name"] != "list"]
+    # the edit arrives in pieces, as a slow writer makes it: several events, one change in the end
+    with gateway.config_path.open("w") as out:
+        out.write(yaml.safe_dump(config, sort_keys=False)[:100])
+        out.flush()
+        out.write(yaml.safe_dump(config, sort_keys=False)[100:])
+    first = wait_until(lambda: (s := _state(gateway))[0] != start_hash and s, 10, interval=0.1,
+                       what="the watcher to apply the edit")
+    assert "list" not in _routes(gateway)
+
+    # the next edit's reload comes after any left over from the first: the count is exact
+    config["routes"] = [r for r in config["routes"] if r["name"] != "export_types"]
+    _save(gateway.config_path, yaml.safe_dump(config, sort_keys=False))
+    second = wait_until(lambda: (s := _state(gateway))[0] != first[0] and s, 10, interval=0.1,
+                        what="the watcher to apply the second edit")
+    # the piecewise first write may have been seen half-done (refused) before it was whole
+    assert first[1] == 1 and second[1] == 2, "one reload per edit: unchanged saves and touches reload nothing"
+
+    _save(gateway.config_path, "routes: [this is not a config\n")
+    wait_until(lambda: _state(gateway)[2] > second[2], 10, interval=0.1, what="the watcher to refuse the broken edit")
+    assert _state(gateway)[:2] == second[:2], "the config in force keeps serving"
+    assert "export_types" not in _routes(gateway) and "status" in _routes(gateway)
+    assert "config reload refused" in gateway.log() and "Traceback" not in gateway.log()
