@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -178,6 +179,10 @@ class BackendApi:
         if task.status != Status.COMPLETED or task.result is None:
             raise ApiError(ErrorKind.TASK_NOT_FOUND, "the task has no result file (not COMPLETED)")
         key = object_key(task.task_id, task.format)
+        if request.method == "GET" and self.config.download_redirect.ttl_sec:
+            location = await self._presigned(task, key)
+            if location is not None:  # the URL is a credential: no cache may keep it
+                return Response(status_code=307, headers={"Location": location, "Cache-Control": "no-store"})
         size = int(task.result["bytes"])
         headers = {"Accept-Ranges": "bytes", "Content-Disposition": f'attachment; filename="{key}"'}
         media = Format(task.format).media_type
@@ -197,6 +202,17 @@ class BackendApi:
             log.warning("result store unavailable", extra={"key": key, "error": str(exc)})
             raise unavailable("the result store cannot be reached", STORE_RETRY_AFTER_SEC) from None
         return StreamingResponse(chunks, status_code=206 if span else 200, headers=headers, media_type=media)
+
+    async def _presigned(self, task: Task, key: str) -> str | None:
+        """A store URL for the file, valid `download_redirect.ttl_sec` but never past the task's expiry."""
+        ttl = self.config.download_redirect.ttl_sec
+        if task.expire_at is not None:
+            ttl = min(ttl, max(1, math.ceil(task.expire_at - time.time())))
+        try:
+            return await self.results.presigned_get(key, ttl)
+        except StoreUnavailable as exc:
+            log.warning("could not sign a store URL", extra={"key": key, "error": str(exc)})
+            raise unavailable("the result store cannot be reached", STORE_RETRY_AFTER_SEC) from None
 
 
 def _expired(task: Task) -> bool:

@@ -32,7 +32,7 @@ def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
     tracing.setup(config.tracing)
     store = open_store(config)
     files = ResultFiles(config.data_dir)
-    results = open_result_store(config.result_store, config.data_dir)
+    results = open_result_store(config.result_store, config.data_dir, config.download_redirect.public_endpoint)
     workers = Workers(config, store, files, results)
     sender = CallbackSender(config, store)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import base64
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -96,6 +96,16 @@ class DownloadLinkConfig(Strict):
         return (self.base_url or dev_mode.DEV_PUBLIC_URL).rstrip("/")
 
 
+class DownloadRedirectConfig(Strict):
+    """Downloads answered with a redirect to the object store (s3:// only), so the bytes skip the backends."""
+
+    ttl_sec: int = Field(0, ge=0, le=3600, description=(
+        "0: downloads stream through the backend (the default); N: a download answers 307 to a presigned "
+        "store URL valid N seconds (never past the task's expiry)"))
+    public_endpoint: str = Field("", pattern=r"^(https?://[^/\s?#]+)?$", description=(
+        "the store's endpoint as clients reach it, if not AWS_ENDPOINT_URL (empty: that, or AWS's own)"))
+
+
 class ExportTypeConfig(Strict):
     dataset: str
     rows: int = Field(100_000, ge=1, le=100_000_000, description="size of the generated data set")
@@ -116,18 +126,33 @@ class ExportTypeConfig(Strict):
         return self
 
 
+class SchedulerConfig(Strict):
+    """How workers share themselves among tenants: weighted fair turns, an optional cap on running tasks."""
+
+    default_weight: int = Field(1, ge=1, le=1000, description="a tenant's share of workers relative to others")
+    weights: dict[str, Annotated[int, Field(ge=1, le=1000)]] = Field(
+        default_factory=dict, description="tenant -> its own weight")
+    default_max_running: int | None = Field(None, ge=1, description="at most this many of one tenant's tasks "
+                                            "running at once over all backends; none: no cap")
+    max_running: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict, description="tenant -> its own running cap")
+
+
 class BackendConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8081, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     data_dir: str = ".data/backend"
-    redis_url: str = Field("", description="empty: embedded SQLite store; set: shared Redis store and queue")
+    redis_url: str = Field("", description="empty: embedded SQLite store; set: shared Redis store and "
+                           "queue (redis://HOST:PORT/DB, or redis+cluster://HOST:PORT for a Redis Cluster)")
     redis_prefix: str = "exports"
     result_store: str = Field("", pattern=r"^$|^file://.+|^s3://[^/]+(/.*)?$", description=(
         "where result files live: empty (file:// under data_dir), file://PATH, or s3://BUCKET/PREFIX "
         "(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION); several backends need "
         "one store they all read"))
+    download_redirect: DownloadRedirectConfig = Field(default_factory=DownloadRedirectConfig)
     workers: int = Field(2, ge=1, le=64)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     lease_sec: float = Field(30.0, gt=0, description="a dead worker's task is picked up again after this")
     progress_interval_sec: float = Field(0.5, gt=0)
     task_ttl_sec: int = Field(86_400, ge=1, le=72 * 3600, description="terminal tasks and files are deleted after this")
@@ -168,4 +193,7 @@ class BackendConfig(Strict):
             raise ValueError("default_timeout_sec must not exceed max_timeout_sec")
         if not self.export_types:
             raise ValueError("declare at least one export type")
+        if self.download_redirect.ttl_sec and not self.result_store.startswith("s3://"):
+            raise ValueError("download_redirect.ttl_sec needs an s3:// result_store (a file store has no URL to "
+                             "redirect to): set it to 0 or use s3://BUCKET/PREFIX")
         return self

@@ -7,7 +7,10 @@ counted apart. Idle traffic (workers blocking on the stream, the callback poller
 first and subtracted by time. Commands and bytes come from INFO commandstats and INFO stats;
 S3 requests from the moto server's request log.
 
-    python -m benchmarks.capacity [--tasks 50]
+With `--cluster` the same runs on a Redis Cluster of three nodes, and each phase also
+reports the busiest node's share of its commands: a cluster's capacity is that node's.
+
+    python -m benchmarks.capacity [--tasks 50] [--cluster]
 """
 from __future__ import annotations
 
@@ -25,32 +28,43 @@ import redis
 
 from benchmarks.harness import AUTH, Processes
 from tests.conftest import backend_config, gateway_config
-from tests.procs import RedisServer, S3Server, Service, wait_until
+from tests.procs import RedisClusterServers, RedisServer, S3Server, Service, wait_until
 
 API = "/api/v1/exports"
 
 
 class RedisMeter:
-    def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url)
+    """Commands and bytes of one server, or of every node of a cluster (`busiest` then names the most loaded)."""
 
-    def sample(self) -> tuple[Counter[str], int]:
-        stats: dict[str, Any] = self.client.info("commandstats")
+    def __init__(self, ports: list[int]) -> None:
+        self.clients = [redis.Redis(port=port) for port in ports]
+        self.busiest: list[float] = []  # per measure(): the busiest node's share of the commands
+
+    def node(self, client: redis.Redis) -> tuple[Counter[str], int]:
+        stats: dict[str, Any] = client.info("commandstats")
         calls = Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
-        net: dict[str, Any] = self.client.info("stats")
+        net: dict[str, Any] = client.info("stats")
         # the meter's own INFO calls are a constant few per sample; they are left out below
         calls["info"] = 0
         return calls, int(net["total_net_input_bytes"]) + int(net["total_net_output_bytes"])
 
+    def sample(self) -> list[tuple[Counter[str], int]]:
+        return [self.node(client) for client in self.clients]
+
 
 def measure(meter: RedisMeter, action: Callable[[], object]) -> tuple[Counter[str], int, float]:
-    calls0, bytes0 = meter.sample()
+    before = meter.sample()
     start = time.monotonic()
     action()
     elapsed = time.monotonic() - start
-    calls1, bytes1 = meter.sample()
-    calls1.subtract(calls0)
-    return +calls1, bytes1 - bytes0, elapsed
+    calls, nbytes, per_node = Counter[str](), 0, []
+    for (calls0, bytes0), (calls1, bytes1) in zip(before, meter.sample(), strict=True):
+        calls1.subtract(calls0)
+        calls.update(+calls1)
+        per_node.append(sum((+calls1).values()))
+        nbytes += bytes1 - bytes0
+    meter.busiest.append(max(per_node) / max(1, sum(per_node)))
+    return calls, nbytes, elapsed
 
 
 def per(calls: Counter[str], nbytes: int, elapsed: float, idle: tuple[Counter[str], int, float], n: int
@@ -73,10 +87,14 @@ def s3_requests(log: Path) -> Counter[str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=50)
-    n = parser.parse_args().tasks
+    parser.add_argument("--cluster", action="store_true", help="a Redis Cluster of three nodes instead of one server")
+    args = parser.parse_args()
+    n = args.tasks
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        server = RedisServer(work).start()
+        server: RedisServer | RedisClusterServers = RedisClusterServers(work) if args.cluster else RedisServer(work)
+        server.start()
+        ports = server.ports if isinstance(server, RedisClusterServers) else [server.port]
         s3 = S3Server(work).start()
         procs = Processes(work)
         try:
@@ -87,7 +105,7 @@ def main() -> None:
             procs.started.append(backend)
             gateway = procs.start("gateway", gateway_config(work / "g", backend.url, server.url), "gateway")
             client = httpx.Client(base_url=gateway.url, headers=AUTH, timeout=10)
-            meter = RedisMeter(server.url)
+            meter = RedisMeter(ports)
             idle = measure(meter, lambda: time.sleep(5))
             hold = client.post(API, json={"export_type": "hold"}).json()["data"]["task_id"]
             wait_until(lambda: client.get(f"{API}/{hold}").json()["data"]["status"] == "RUNNING", 20)
@@ -110,9 +128,11 @@ def main() -> None:
             wait_until(lambda: not s3.object_keys(), 150, interval=0.5, what="expiry to delete every object")
             total = s3_requests(s3.log_path)
             print(f"tasks: {n}; idle traffic: {sum(idle[0].values()) / idle[2]:.1f} commands/s")
-            for name, figures in (("submit", submit), ("completion", done), ("poll miss", miss), ("poll hit", hit)):
+            phases = (("submit", submit), ("completion", done), ("poll miss", miss), ("poll hit", hit))
+            for (name, figures), busiest in zip(phases, meter.busiest[1:], strict=True):
                 commands, nbytes, detail = per(*figures, idle=idle, n=n)
-                print(f"{name:10} {commands:6} commands  {nbytes:7} bytes   {detail}")
+                shares = f"  busiest node {busiest:.0%}" if len(ports) > 1 else ""
+                print(f"{name:10} {commands:6} commands  {nbytes:7} bytes{shares}   {detail}")
             print("S3 requests per task (store, one download, expiry):", {k: round(v / n, 2) for k, v in total.items()})
         finally:
             procs.stop_all()

@@ -68,7 +68,7 @@ class AsyncExportsClient:
 
     async def _stream(self, step: flows.Stream) -> httpx.Response:
         async with self._http.stream("GET", step.url, headers=step.headers) as resp:
-            if resp.status_code in core.LINK_REFUSED:
+            if core.not_streamed(resp):
                 await resp.aread()
                 return resp
             step.sink.accept(resp)

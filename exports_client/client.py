@@ -70,7 +70,7 @@ class ExportsClient:
 
     def _stream(self, step: flows.Stream) -> httpx.Response:
         with self._http.stream("GET", step.url, headers=step.headers) as resp:
-            if resp.status_code in core.LINK_REFUSED:
+            if core.not_streamed(resp):
                 resp.read()
                 return resp
             step.sink.accept(resp)

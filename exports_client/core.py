@@ -149,6 +149,14 @@ def link(base_url: str, task: Task) -> tuple[str, int]:
 
 
 LINK_REFUSED = frozenset({403, 410})  # a signed link that expired (or whose secret rotated): ask for a fresh one
+# a backend may answer a download with a redirect to a presigned object-store URL (download_redirect)
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS = 3
+
+
+def not_streamed(resp: httpx.Response) -> bool:
+    """An answer the flow decides on (a refused link, a redirect) rather than a file to write."""
+    return resp.status_code in LINK_REFUSED or resp.status_code in REDIRECTS
 
 
 def same_origin(a: str, b: str) -> bool:

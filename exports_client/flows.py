@@ -12,11 +12,12 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urljoin
 
 import httpx
 
 from exports_client import core, polling
-from exports_client.errors import WaitTimeout
+from exports_client.errors import DownloadError, WaitTimeout
 from exports_client.models import ExportType, Task
 
 T = TypeVar("T")
@@ -135,15 +136,13 @@ def download(ctx: Context, task_id_or_task: str | Task, dest: core.Dest, resume:
         for attempt in range(1, attempts + 1):
             if sink.written >= expected:
                 break
-            auth = core.auth_headers(ctx.api_key) if core.same_origin(url, ctx.base_url) else {}
             try:
-                resp = yield Stream(url, {**auth, **sink.headers()}, sink)
+                resp = yield from _fetch(ctx, url, sink)
             except core.TRANSPORT_ERRORS as exc:
                 if attempt == attempts:  # named without its query: the signature is a credential
                     raise core.unreachable(url.split("?", 1)[0], exc) from exc
                 yield Sleep(polling.full_jitter(attempt - 1, ctx.rng, floor=0.2, ceiling=8.0))
                 continue
-            assert resp is not None
             if resp.status_code in core.LINK_REFUSED:
                 if attempt == attempts:
                     raise core.error_of(resp)
@@ -151,6 +150,20 @@ def download(ctx: Context, task_id_or_task: str | Task, dest: core.Dest, resume:
         return sink.finish(expected)
     finally:
         sink.close()
+
+
+def _fetch(ctx: Context, url: str, sink: core.Sink) -> Flow[httpx.Response]:
+    """GET `url` into `sink`, following a redirect to the object store by hand: the API key goes only to
+    the gateway's origin (httpx's own following would keep it on an http-to-https hop to the same host)."""
+    for _ in range(core.MAX_REDIRECTS + 1):
+        auth = core.auth_headers(ctx.api_key) if core.same_origin(url, ctx.base_url) else {}
+        resp = yield Stream(url, {**auth, **sink.headers()}, sink)
+        assert resp is not None
+        location = resp.headers.get("location")
+        if resp.status_code not in core.REDIRECTS or not location:
+            return resp
+        url = urljoin(url, location)
+    raise DownloadError(f"more than {core.MAX_REDIRECTS} redirects from {url.split('?', 1)[0]}")
 
 
 def submit(ctx: Context, export_type: str, filters: Mapping[str, Any] | None, format: str | None,

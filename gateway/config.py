@@ -1,7 +1,8 @@
 """The gateway's configuration, as read from config/gateway.yaml.
 
 A route's `plugins` list is validated against each plugin's own settings model,
-so a mistake is reported at its exact path (routes[0].plugins[2].idempotency.ttl_sec).
+so a mistake is reported at its exact path (routes[0].plugins[2].<plugin>.<setting>),
+and each route against the contracts its plugins declare (`contract_problems`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from gateway.context import RequestContext
 from gateway.limiter import Quota
 from gateway.plugin_config import PluginUse, validate_entries
 from gateway.plugin_registry import registry
+from gateway.refusal_hold import HoldSettings
 from gateway.tenants import Limits, TenantLimits
 
 # read once at start (the server, the Redis client and stores, tracing, the upstream client's pool): a reload
@@ -225,7 +227,8 @@ class GatewayConfig(Strict):
     metrics_auth: Literal["none", "admin_token"] = Field(
         "none", description="admin_token: /metrics wants the admin token like /admin/*")
     state_dir: str = ".data/gateway"
-    redis_url: str = Field("", description="empty: memory and a local file; set: state shared through Redis")
+    redis_url: str = Field("", description="empty: memory and a local file; set: state shared through Redis "
+                           "(redis://HOST:PORT/DB, or redis+cluster://HOST:PORT for a Redis Cluster)")
     redis_prefix: str = "gw"
     admin_token: str = Field(min_length=8)
     download_signing: SigningConfig
@@ -236,6 +239,8 @@ class GatewayConfig(Strict):
                                       description="requests without a valid API key, per client address")
     gateway_processes: int = Field(1, ge=1, description="gateway processes sharing the limits; with Redis "
                                                         "unreachable each enforces limit / this locally")
+    refusal_hold: HoldSettings = Field(default_factory=HoldSettings,
+                                       description="a flood's 429s are answered later (gateway/refusal_hold.py)")
     upstreams: dict[str, UpstreamConfig]
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     access_log: bool = Field(False, description="one JSON line per request (logger gateway.access)")
@@ -283,7 +288,7 @@ class GatewayConfig(Strict):
                 max_active_tasks=over.max_active_tasks or base.max_active_tasks,
                 max_outbox_entries=over.max_outbox_entries or base.max_outbox_entries,
             )
-        return Limits(by_tenant, self.address_limit.quota(), self.gateway_processes)
+        return Limits(by_tenant, self.address_limit.quota(), self.gateway_processes, self.refusal_hold)
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

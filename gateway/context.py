@@ -35,6 +35,9 @@ class RequestContext:
     # the body parsed as JSON, by a plugin that checked it
     json: Any = None
     tenant: str | None = None
+    # the tenant the API key names, or None: resolved once (TenantDirectory.caller) for rate_limit and auth
+    caller: str | None = None
+    caller_resolved: bool = False
     # the task this request names: from the path (task_id check), fixed by idempotency's claim, or minted by
     # task_id generate when no earlier plugin fixed it
     task_id: str | None = None

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol
 
-import redis.asyncio as aioredis
+from exports_common.redis_client import AnyRedis
 
 
 class KeyValue(Protocol):
@@ -174,7 +174,7 @@ return 1
 
 
 class RedisKV:
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+    def __init__(self, client: AnyRedis, prefix: str) -> None:
         self.redis = client
         self.prefix = prefix
         self._replace = client.register_script(_REPLACE)

@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from exports_common.redis_client import AnyRedis
 
 log = logging.getLogger("gateway.limiter")
 
@@ -103,7 +104,7 @@ class LocalBuckets:
 
 
 class Limiter:
-    def __init__(self, redis: aioredis.Redis | None, prefix: str) -> None:
+    def __init__(self, redis: AnyRedis | None, prefix: str) -> None:
         self.local = LocalBuckets()
         self.prefix = prefix
         self._script: Any = redis.register_script(_GCRA) if redis is not None else None

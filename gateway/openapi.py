@@ -229,6 +229,9 @@ def build(config: GatewayConfig, export_types: ExportTypes | None = None) -> dic
                     "responses": {
                         "200": {"description": "the file", "content": FILE_CONTENT},
                         "206": {"description": "the requested range", "content": FILE_CONTENT},
+                        "307": {"description": "only with the backends' download_redirect on: the file (and its "
+                                               "ranges) at a short-lived presigned object-store URL; send it no "
+                                               "credentials", "headers": {"Location": {"schema": {"type": "string"}}}},
                         **_errors(401, 403, 404, 410, 429, 502, 503, 504),
                     },
                 },

@@ -26,6 +26,7 @@ from gateway.address_limit import check_address
 from gateway.admin_recovery import AdminRecovery
 from gateway.config import filters_and_policy
 from gateway.plugin_registry import registry
+from gateway.response import GatewayResponse
 from gateway.wiring import RuntimeHolder
 
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
@@ -85,9 +86,11 @@ class OpsEndpoints:
                            headers={"Retry-After": "5"})
         return ok({"status": "ready", "routes": len(runtime.config.routes)})
 
-    async def openapi(self, request: Request) -> Response:
+    async def openapi(self, request: Request) -> Response | GatewayResponse:
         runtime = self.holder.runtime
-        await check_address(runtime.services, request.scope)
+        refused = await check_address(runtime.services, request.scope)
+        if refused is not None:
+            return refused
         types = await self.export_types.get(runtime)
         return Response(json.dumps(openapi.build(runtime.config, types)), media_type="application/json")
 

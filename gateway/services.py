@@ -5,14 +5,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-import redis.asyncio as aioredis
-
-from exports_common.redis_client import connect
+from exports_common.redis_client import AnyRedis, connect
 from exports_common.signing import DownloadSigner
 from gateway.breakers import Breakers
 from gateway.forwarding import TrustedProxies
 from gateway.kv import KeyValue, MemoryKV, RedisKV, SqliteKV
 from gateway.limiter import Limiter
+from gateway.refusal_hold import RefusalHold
 from gateway.telemetry import Metrics, Tracing
 from gateway.tenants import TenantDirectory
 from gateway.upstream import EndpointPool, Timeouts, UpstreamClient
@@ -40,7 +39,7 @@ class State:
     memory, for what may be lost.
     """
 
-    def __init__(self, redis: aioredis.Redis | None, prefix: str, state_dir: str) -> None:
+    def __init__(self, redis: AnyRedis | None, prefix: str, state_dir: str) -> None:
         self.redis = redis  # also for readiness: None when nothing is shared
         self.prefix = prefix
         self.path = Path(state_dir) / "gateway.sqlite3"
@@ -65,7 +64,7 @@ class State:
         return self.shared(f"kv:{name}", make)
 
 
-def open_redis(url: str) -> aioredis.Redis | None:
+def open_redis(url: str) -> AnyRedis | None:
     """The gateway's client: bounded waits, one retry on a fresh connection (see connect)."""
     return connect(url) if url else None
 
@@ -81,5 +80,6 @@ class Services:
     state: State
     breakers: Breakers
     limiter: Limiter
+    refusal_hold: RefusalHold = field(default_factory=RefusalHold)
     public_base_url: str = ""
     trusted_proxies: TrustedProxies = field(default_factory=TrustedProxies)

@@ -4,7 +4,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
+from gateway.context import RequestContext
 from gateway.limiter import Quota
+from gateway.refusal_hold import HoldSettings
 
 
 def hash_key(api_key: str) -> str:
@@ -24,6 +26,7 @@ class Limits:
     by_tenant: dict[str, TenantLimits] = field(default_factory=dict)
     per_address: Quota = field(default_factory=lambda: Quota(20, 50))
     gateway_processes: int = 1
+    hold: HoldSettings = field(default_factory=HoldSettings)
 
 
 class TenantDirectory:
@@ -39,6 +42,14 @@ class TenantDirectory:
         """The tenant an `Authorization: Bearer <key>` header names, or None."""
         scheme, _, key = authorization.partition(" ")
         return self.lookup(key.strip()) if scheme.lower() == "bearer" else None
+
+    def caller(self, ctx: RequestContext) -> str | None:
+        """The tenant the request's Authorization header names; the key is hashed once per request."""
+        if not ctx.caller_resolved:
+            header = ctx.request.headers.get("authorization")
+            ctx.caller = self.bearer(header) if header else None
+            ctx.caller_resolved = True
+        return ctx.caller
 
     def limits_of(self, tenant: str) -> TenantLimits:
         return self.limits.by_tenant[tenant]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import shutil
 import signal
@@ -193,6 +194,104 @@ class RedisServer:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.terminate()
             self.proc.wait(10)
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (10,000 higher, at most 65,535) is free too."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1]) % 40_000 + 15_000
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10_000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+class RedisClusterServers:
+    """A private Redis Cluster: `size` redis-server processes in cluster mode, every slot assigned, no replicas.
+
+    `url` is what the processes are given (`redis+cluster://` and one node: the client
+    finds the others). Started and joined in about a second.
+    """
+
+    def __init__(self, workdir: Path, size: int = 3) -> None:
+        self.workdir = workdir
+        self.ports = [_cluster_port() for _ in range(size)]
+        self.url = f"redis+cluster://127.0.0.1:{self.ports[0]}"
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def _spawn(self, port: int) -> subprocess.Popen[bytes]:
+        # the node's identity and slots live in its nodes-<port>.conf: a restarted node takes them back
+        proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+             "--cluster-config-file", f"nodes-{port}.conf", "--appendonly", "no", "--save", "",
+             "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(functools.partial(self._ask, port, "ping"), 10, what=f"redis-server :{port} to answer")
+        return proc
+
+    def start(self) -> RedisClusterServers:
+        self.procs = [self._spawn(port) for port in self.ports]
+        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                        "--cluster-replicas", "0", "--cluster-yes"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=30)
+        wait_until(self._ok, 15, what="every node to report cluster_state:ok")
+        return self
+
+    def _ok(self) -> bool:
+        return all(self._ask(port, "cluster", "info")["cluster_state"] == "ok" for port in self.ports)
+
+    def _ask(self, port: int, command: str, *args: Any) -> Any:
+        """One command to one node, on a plain connection (a node answers for its own slots only)."""
+        import redis
+
+        with redis.Redis(port=port, socket_timeout=2, decode_responses=True) as client:
+            return getattr(client, command)(*args)
+
+    def owner(self, key: str) -> int:
+        """The port of the node serving `key`'s slot."""
+        import redis
+
+        for port in self.ports:
+            try:
+                self._ask(port, "exists", key)
+                return port
+            except redis.ResponseError:  # MOVED: another node serves it
+                continue
+        raise LookupError(f"no node serves {key}")
+
+    def kill(self, port: int) -> None:
+        """kill -9 one node (it had no persistence: it comes back empty)."""
+        proc = self.procs[self.ports.index(port)]
+        proc.kill()
+        proc.wait(10)
+
+    def restart(self, port: int) -> None:
+        self.procs[self.ports.index(port)] = self._spawn(port)
+        wait_until(self._ok, 30, what="the cluster to be whole again")
+
+    def keys(self) -> dict[int, list[str]]:
+        """Every node's keys, by port."""
+        return {port: sorted(self._ask(port, "keys", "*")) for port in self.ports}
+
+    def slot(self, key: str) -> int:
+        return int(self._ask(self.ports[0], "cluster", "keyslot", key))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
 
 
 class S3Server:

@@ -223,3 +223,25 @@ def test_every_shipped_route_is_rate_limited_before_auth() -> None:
         assert isinstance(first, dict) and "rate_limit" in first, route["name"]
     submit = next(r for r in routes if r["name"] == "submit")
     assert submit["plugins"][0]["rate_limit"] == {"limit": "submits", "active_tasks": True}
+
+
+def test_a_floods_429s_are_held_back_while_an_occasional_refusal_and_other_tenants_are_answered_at_once(
+        services: Callable[..., Service], tmp_path: Path) -> None:
+    backend = services("backend_stub", backend_config(tmp_path))
+    gateway = services("gateway", gateway_config(tmp_path, backend.url, tenant_limits=limits(requests=(0.05, 1)),
+                                                 refusal_hold={"hold_sec": 0.5, "after_per_sec": 5}))
+    timed: list[tuple[int, float]] = []
+    with httpx.Client(headers=DEMO, timeout=10) as http:
+        for _ in range(12):
+            started = time.monotonic()
+            status = http.get(f"{gateway.url}{API}").status_code
+            timed.append((status, time.monotonic() - started))
+            if len(timed) == 8:
+                other = time.monotonic()
+                assert httpx.get(f"{gateway.url}{API}", headers=DEMO2).status_code == 200
+                assert time.monotonic() - other < 0.4, "another tenant is answered at once meanwhile"
+    statuses = [s for s, _ in timed]
+    assert statuses == [200] + [429] * 11, statuses
+    assert all(took < 0.4 for _, took in timed[1:6]), f"the first refusals of a second go out at once: {timed}"
+    held = [took for _, took in timed[6:] if took >= 0.45]
+    assert held, f"refusals beyond 5 in a second are held 0.5 s: {timed}"

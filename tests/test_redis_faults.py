@@ -181,8 +181,8 @@ def test_record_write_failing_after_the_backend_created_the_task_yields_no_secon
         redis.stop()
 
 
-def test_consumer_group_is_recreated_after_redis_restarts_empty(services: Callable[..., Service],
-                                                                tmp_path: Path) -> None:
+def test_the_queue_works_again_after_redis_restarts_empty(services: Callable[..., Service],
+                                                          tmp_path: Path) -> None:
     (tmp_path / "redis").mkdir()
     redis = RedisServer(tmp_path / "redis").start()
     try:
@@ -192,7 +192,6 @@ def test_consumer_group_is_recreated_after_redis_restarts_empty(services: Callab
         wait_until(lambda: httpx.get(f"{backend.url}/readyz", timeout=5).status_code == 200, 15, what="ready")
         task_id = _submit_until_id(gateway.url, "after-empty-restart")
         wait_status(backend.url, task_id, {"COMPLETED"}, timeout=30, headers=TENANT)
-        assert "consumer group is gone" in backend.log()
     finally:
         redis.stop()
 

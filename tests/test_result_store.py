@@ -7,15 +7,19 @@ store answers 503 with Retry-After and leaves the task's record as it was.
 """
 from __future__ import annotations
 
+import asyncio
+import io
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
 
 from backend_stub.byte_range import requested_range
+from exports_client import AsyncExportsClient, ExportsClient, Task
 from exports_common.errors import ApiError
 from tests.conftest import DEMO_KEY, backend_config, gateway_config
 from tests.helpers import assert_envelope_error, backend_create, backend_task, wait_status
@@ -204,3 +208,67 @@ def test_unreadable_byte_ranges_are_refused_not_ignored(header: str) -> None:
     with pytest.raises(ApiError) as caught:
         requested_range(header, 100)
     assert caught.value.kind.status == 400
+
+
+class _Recording(httpx.HTTPTransport):
+    """The real transport, noting for each request its host and whether it carried the API key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, bool]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.seen.append((request.url.netloc.decode(), "authorization" in request.headers))
+        return super().handle_request(request)
+
+
+def test_an_opt_in_redirect_sends_downloads_to_a_presigned_store_url(
+        services: Callable[..., Service], tmp_path: Path, cluster: Cluster) -> None:
+    s3 = cluster.s3
+    public = f"http://localhost:{s3.port}"  # another name of the store's host: URLs are signed for this one
+    backend = _s3_backend(services, tmp_path, "redirecting", "", s3, task_ttl_sec=8,
+                          download_redirect={"ttl_sec": 300, "public_endpoint": public})
+    gateway = services("gateway", gateway_config(tmp_path / "g", backend.url), name="g")
+    transport = _Recording()
+    with ExportsClient(gateway.url, DEMO_KEY, transport=transport) as client:
+        task = client.wait(client.submit("report_export").task_id, max_wait=30)
+        assert task.result is not None
+        link = task.result.download_url
+        answer = httpx.get(link, timeout=10)
+        assert answer.status_code == 307 and answer.headers["cache-control"] == "no-store"
+        location = answer.headers["location"]
+        assert location.startswith(f"{public}/{s3.bucket}/{PREFIX}/{task.task_id}.csv?")
+        assert 1 <= int(parse_qs(urlsplit(location).query)["X-Amz-Expires"][0]) <= 8  # never past the expiry
+        whole = httpx.get(location, timeout=10)
+        part = httpx.get(location, headers={"Range": "bytes=4-9"}, timeout=10)
+        assert whole.status_code == 200 and len(whole.content) == task.result.bytes
+        assert part.status_code == 206 and part.content == whole.content[4:10]
+
+        dest = tmp_path / "out.csv"
+        Path(f"{dest}.part").write_bytes(whole.content[:7])  # an interrupted download, resumed by Range
+        assert client.download(task, dest) == dest and dest.read_bytes() == whole.content
+        assert asyncio.run(_download_async(gateway.url, task)) == whole.content
+    store_host = f"localhost:{s3.port}"
+    assert (store_host, False) in transport.seen and (store_host, True) not in transport.seen  # no key to the store
+
+    wait_until(lambda: httpx.get(f"{backend.url}/exports/{task.task_id}/file", headers={"X-Tenant-Id": "demo"},
+                                 timeout=5).status_code == 410, 20, what="the task to expire")
+    assert httpx.get(link, timeout=10).status_code == 410
+
+
+async def _download_async(url: str, task: Task) -> bytes:
+    sink = io.BytesIO()
+    async with AsyncExportsClient(url, DEMO_KEY) as client:
+        await client.download(task, sink)
+    return sink.getvalue()
+
+
+def test_a_redirect_needs_an_s3_store() -> None:
+    from pydantic import ValidationError
+
+    from backend_stub.config import BackendConfig
+
+    config = {"export_types": {"orders": {"dataset": "orders"}}, "download_redirect": {"ttl_sec": 60}}
+    with pytest.raises(ValidationError, match="needs an s3:// result_store"):
+        BackendConfig.model_validate(config)
+    BackendConfig.model_validate(config | {"result_store": "s3://b/p"})

@@ -16,15 +16,18 @@ from backend_stub.result_store.file import FileResultStore
 from backend_stub.result_store.s3 import S3ResultStore
 
 
-def open_result_store(url: str, data_dir: str) -> ResultStore:
-    """The store named by `url`; empty means `file://` under `data_dir`."""
+def open_result_store(url: str, data_dir: str, public_endpoint: str = "") -> ResultStore:
+    """The store named by `url`; empty means `file://` under `data_dir`.
+
+    `public_endpoint`: where clients reach an s3:// store, for the URLs signed for them.
+    """
     if not url:
         return FileResultStore(f"{data_dir}/files")
     if url.startswith("file://"):
         return FileResultStore(url.removeprefix("file://"))
     if url.startswith("s3://"):
         bucket, _, prefix = url.removeprefix("s3://").partition("/")
-        return S3ResultStore(bucket, prefix.strip("/"))
+        return S3ResultStore(bucket, prefix.strip("/"), public_endpoint)
     raise ValueError(f"result_store {url!r}: use file://PATH or s3://BUCKET/PREFIX")
 
 

@@ -33,6 +33,10 @@ class ResultStore(ABC):
         before any answer has been started.
         """
 
+    async def presigned_get(self, key: str, ttl_sec: int) -> str | None:
+        """A URL anyone holding it may GET the object from (Range included) for `ttl_sec`; None: no such URL."""
+        return None
+
     @abstractmethod
     async def delete(self, key: str) -> None:
         """Remove the object; a missing one is not an error."""

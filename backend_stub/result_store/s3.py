@@ -32,20 +32,14 @@ READ_CHUNK = 256 * 1024
 class S3ResultStore(ResultStore):
     name = "s3"
 
-    def __init__(self, bucket: str, prefix: str) -> None:
+    def __init__(self, bucket: str, prefix: str, public_endpoint: str = "") -> None:
         if not bucket:
             raise ValueError("result_store s3://BUCKET/PREFIX needs a bucket name")
         self.bucket = bucket
         self.prefix = prefix
-        endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
-        self.store = S3Store(
-            bucket, prefix=prefix or None,
-            virtual_hosted_style_request=not endpoint,
-            client_options={"allow_http": endpoint.startswith("http://"), "connect_timeout": timedelta(seconds=2),
-                            "timeout": timedelta(seconds=60)},
-            # an outage answers the client 503 quickly rather than after minutes of retries
-            retry_config={"max_retries": 2, "retry_timeout": timedelta(seconds=5)},
-        )
+        self.store = _open(bucket, prefix, os.environ.get("AWS_ENDPOINT_URL", ""))
+        # signing is offline: a URL for clients is signed for the host they will send it to
+        self.signer = _open(bucket, prefix, public_endpoint) if public_endpoint else self.store
 
     async def publish(self, source: Path, key: str) -> None:
         try:
@@ -63,6 +57,12 @@ class S3ResultStore(ResultStore):
             raise StoreUnavailable(f"read of {key} failed: {exc}") from exc
         return _chunks(result.stream(min_chunk_size=READ_CHUNK))
 
+    async def presigned_get(self, key: str, ttl_sec: int) -> str | None:
+        try:
+            return await obstore.sign_async(self.signer, "GET", key, timedelta(seconds=ttl_sec))
+        except (BaseError, OSError) as exc:  # no credentials to sign with (they may come from an expired role)
+            raise StoreUnavailable(f"signing a URL for {key} failed: {exc}") from exc
+
     async def delete(self, key: str) -> None:
         try:
             await obstore.delete_async(self.store, key)
@@ -70,6 +70,18 @@ class S3ResultStore(ResultStore):
             return
         except (BaseError, OSError) as exc:
             raise StoreUnavailable(f"delete of {key} failed: {exc}") from exc
+
+
+def _open(bucket: str, prefix: str, endpoint: str) -> S3Store:
+    """A client of the bucket; path-style at an explicit endpoint (as MinIO and local servers expect)."""
+    return S3Store(
+        bucket, prefix=prefix or None, endpoint=endpoint or None,
+        virtual_hosted_style_request=not endpoint,
+        client_options={"allow_http": endpoint.startswith("http://"), "connect_timeout": timedelta(seconds=2),
+                        "timeout": timedelta(seconds=60)},
+        # an outage answers the client 503 quickly rather than after minutes of retries
+        retry_config={"max_retries": 2, "retry_timeout": timedelta(seconds=5)},
+    )
 
 
 async def _chunks(stream: BytesStream) -> AsyncIterator[bytes]:

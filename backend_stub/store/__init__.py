@@ -7,6 +7,7 @@ from redis.exceptions import RedisError
 
 from backend_stub.config import BackendConfig
 from backend_stub.store.base import Change, Lease, TaskStore
+from backend_stub.store.fair import Fairness
 
 
 def store_down(waiting: str) -> dict[type[Exception], str]:
@@ -20,13 +21,14 @@ def store_down(waiting: str) -> dict[type[Exception], str]:
 
 
 def open_store(config: BackendConfig) -> TaskStore:
+    fairness = Fairness(config.scheduler)
     if config.redis_url:
         from backend_stub.store.redis_store import RedisTaskStore
 
-        return RedisTaskStore(config.redis_url, config.redis_prefix)
+        return RedisTaskStore(config.redis_url, config.redis_prefix, fairness)
     from backend_stub.store.sqlite_store import SqliteTaskStore
 
-    return SqliteTaskStore(config.data_dir)
+    return SqliteTaskStore(config.data_dir, fairness)
 
 
 __all__ = ["Change", "Lease", "TaskStore", "open_store", "store_down"]

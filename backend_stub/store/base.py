@@ -25,6 +25,7 @@ class Lease:
     entry_id: str
     task_id: str
     lease_sec: float
+    owner: str  # the consumer that claimed it: only its holder may ack it
 
 
 class TaskStore(Protocol):
@@ -52,12 +53,14 @@ class TaskStore(Protocol):
         self, tenant: str, status: str | None, limit: int, cursor: str | None
     ) -> tuple[list[Task], str | None]: ...
 
-    async def claim(self, consumer: str, lease_sec: float, wait_sec: float) -> Lease | None: ...
+    async def claim(self, consumer: str, lease_sec: float, wait_sec: float) -> Lease | None:
+        """The next task in fair turn (backend_stub.store.fair), leased to `consumer`; None after `wait_sec`."""
 
     async def renew(self, lease: Lease, consumer: str) -> None:
         """Extend the lease by its length from now."""
 
-    async def ack(self, lease: Lease) -> None: ...
+    async def ack(self, lease: Lease) -> None:
+        """Remove the entry, if `lease.owner` still holds it; its tenant has one running task fewer."""
 
     async def expired(self, now: float, limit: int) -> list[str]: ...
 

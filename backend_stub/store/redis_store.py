@@ -1,25 +1,33 @@
-"""Shared store: task records in Redis, the queue a Redis Stream with a consumer group.
+"""Shared store: task records in Redis, the queue a list per tenant served in fair turns.
 
-Several backend processes share one queue. A worker that dies leaves its entry
-pending in the group; once the entry has been idle for the lease time another
-worker takes it over with XAUTOCLAIM. Live workers renew by re-claiming their
-own entry, which resets its idle time. A Redis that lost its data (restarted
-without persistence) lost the consumer group too: the first command that finds
-it gone (NOGROUP) creates it again.
+Several backend processes share one queue. Its parts (see `scheduler_scripts`): a list of
+entries per tenant, a sorted set of the tenants with queued entries ordered by their pass
+(backend_stub.store.fair), and the leases: a sorted set of leased entries by deadline, their
+holders and tenants, and a count of leases per tenant (the running cap). A claim is one Lua
+script, so two workers never take the same entry and a tenant's count is never off: it takes
+over a lease that ran out (its worker died or stalled), or else pops the next tenant's entry.
+Live workers renew their own lease; a worker whose lease was taken over can neither renew nor
+ack it any more. Idle workers wait on a list of wake-up tokens that every enqueue and ack
+pushes to, instead of polling.
 
-Every key carries the hash tag `{<prefix>}`: the transactions here span a task's
-record and the shared queue and indexes, so on Redis Cluster they must share a
-slot. The backend's whole store is then one slot (one shard's worth of load),
-which keeps each state change atomic; spreading it needs per-shard queues.
+Every key carries the hash tag `{<prefix>}`: the transactions here span a task's record and the
+shared queue and indexes, and a claim chooses among all tenants at once (a global scheduler reads
+every tenant's place in line in one atomic step), so on Redis Cluster they must share a slot. The
+backend's whole store is then one slot (one shard's worth of load), which keeps each state change
+atomic; spreading it needs per-shard queues. The scripts build each tenant's list key from the
+prefix they are given (as BullMQ does): it starts with the same tag, so it is in the same slot.
+Nothing here scans the key space: the metrics read the tenants from an index kept with the tasks.
 """
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, cast
 
-from redis.exceptions import ResponseError, WatchError
+from redis.exceptions import WatchError
 
 from backend_stub.models import Task
+from backend_stub.store import scheduler_scripts as lua
 from backend_stub.store.base import (
     Change,
     Lease,
@@ -27,23 +35,27 @@ from backend_stub.store.base import (
     decode_cursor,
     encode_cursor,
 )
+from backend_stub.store.fair import Fairness
 from exports_common.contract import Status
 from exports_common.redis_client import connect
 
-_GROUP = "workers"
 CLAIM_BLOCK_SEC = 1.0
 log = logging.getLogger("backend.store")
 
 
 class RedisTaskStore:
-    def __init__(self, url: str, prefix: str) -> None:
+    def __init__(self, url: str, prefix: str, fairness: Fairness | None = None) -> None:
         self.redis = connect(url, decode_responses=True)
-        # the queue's blocking read waits up to CLAIM_BLOCK_SEC: it gets a client whose timeout allows that
+        # an idle worker's wait lasts up to CLAIM_BLOCK_SEC: it gets a client whose timeout allows that
         self.blocking = connect(url, socket_timeout=CLAIM_BLOCK_SEC + 1.0, decode_responses=True)
         self.prefix = "{" + prefix + "}"
-        self.stream = f"{self.prefix}:queue"
         self.expiry = f"{self.prefix}:expiry"
         self.callbacks = f"{self.prefix}:callbacks"
+        self.queue = lua.QueueKeys(self.prefix)
+        self._fair_args = (fairness or Fairness()).script_args()
+        self._claim = self.redis.register_script(lua.CLAIM)
+        self._renew = self.redis.register_script(lua.RENEW)
+        self.tenants = f"{self.prefix}:tenants"  # every tenant that ever had a task here: a few per customer
 
     def _task_key(self, task_id: str) -> str:
         return f"{self.prefix}:task:{task_id}"
@@ -57,9 +69,9 @@ class RedisTaskStore:
     async def _track_active(self, before: Task | None, after: Task) -> None:
         """Keep the tenant's set of active task ids in step with a task's change.
 
-        A separate command after the task's own transaction: the set lives in the tenant's
-        hash slot, the task in its own. A process killed in between leaves one id wrong
-        until the task's next change or its deletion by the janitor.
+        A separate command after the task's own transaction (the set is in the store's slot,
+        its `{tenant}` is not a hash tag, so it could join it). A process killed in between
+        leaves one id wrong until the task's next change or its deletion by the janitor.
         """
         was_active = before is not None and not before.terminal
         if after.terminal and was_active:
@@ -71,14 +83,7 @@ class RedisTaskStore:
         return int(await self.redis.scard(self._active_key(tenant)))
 
     async def open(self) -> None:
-        await self._create_group()
-
-    async def _create_group(self) -> None:
-        try:
-            await self.redis.xgroup_create(self.stream, _GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        """Nothing to set up: the queue's keys appear with their first entry."""
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -108,7 +113,8 @@ class RedisTaskStore:
                     pipe.multi()
                     self._stage_write(pipe, task)
                     pipe.zadd(self._tenant_key(task.tenant), {task.task_id: task.created_at})
-                    pipe.xadd(self.stream, {"task_id": task.task_id})
+                    pipe.sadd(self.tenants, task.tenant)
+                    self._stage_enqueue(pipe, task)
                     await pipe.execute()
                     await self._track_active(None, task)
                     return task, True
@@ -136,11 +142,10 @@ class RedisTaskStore:
                         return current, False
                     pipe.multi()
                     self._stage_write(pipe, new)
-                    if enqueue:
-                        pipe.xadd(self.stream, {"task_id": task_id})
                     if ack is not None:
-                        pipe.xack(self.stream, _GROUP, ack.entry_id)
-                        pipe.xdel(self.stream, ack.entry_id)
+                        self._stage_ack(pipe, ack)
+                    if enqueue:
+                        self._stage_enqueue(pipe, new)
                     await pipe.execute()
                     await self._track_active(current, new)
                     return new, True
@@ -175,38 +180,40 @@ class RedisTaskStore:
         more = len(out) > limit
         return page, encode_cursor(page[-1].created_at, page[-1].task_id) if more else None
 
-    async def claim(self, consumer: str, lease_sec: float, wait_sec: float) -> Lease | None:
-        try:
-            return await self._claim(consumer, lease_sec, min(wait_sec, CLAIM_BLOCK_SEC))
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            log.warning("the queue's consumer group is gone (Redis lost its data); creating it again")
-            await self._create_group()
-            return None
+    def _stage_enqueue(self, pipe: Any, task: Task) -> None:
+        # EVAL, not EVALSHA: inside MULTI a missing script could not be loaded and retried
+        q = self.queue
+        pipe.eval(lua.ENQUEUE, 5, q.ready, q.passes, q.vtime, q.seq, q.wake, q.tenant_prefix, task.tenant,
+                  task.task_id)
 
-    async def _claim(self, consumer: str, lease_sec: float, wait_sec: float) -> Lease | None:
-        lease_ms = int(lease_sec * 1000)
-        _, claimed, _ = await self.redis.xautoclaim(self.stream, _GROUP, consumer, lease_ms, "0-0", count=1)
-        entries = [(eid, fields) for eid, fields in claimed if fields]
-        if not entries:
-            reply = cast("list[tuple[str, list[tuple[str, dict[str, str]]]]]", await self.blocking.xreadgroup(
-                _GROUP, consumer, {self.stream: ">"}, count=1, block=max(1, int(wait_sec * 1000))
-            ))
-            entries = reply[0][1] if reply else []
-        if not entries:
-            return None
-        entry_id, fields = entries[0]
-        return Lease(entry_id, fields["task_id"], lease_sec)
+    def _ack_keys_args(self, lease: Lease) -> list[str]:
+        q = self.queue
+        return [q.leases, q.leased, q.running, q.wake, lease.entry_id, lease.owner]
+
+    def _stage_ack(self, pipe: Any, lease: Lease) -> None:
+        pipe.eval(lua.ACK, 4, *self._ack_keys_args(lease))
+
+    async def claim(self, consumer: str, lease_sec: float, wait_sec: float) -> Lease | None:
+        q = self.queue
+        keys = [q.ready, q.passes, q.vtime, q.leases, q.leased, q.running]
+        args = [q.tenant_prefix, consumer, int(lease_sec * 1000), *self._fair_args]
+        deadline = time.monotonic() + min(wait_sec, CLAIM_BLOCK_SEC)
+        while True:
+            entry = await self._claim(keys, args)
+            if entry:
+                return Lease(entry, entry.split("|", 1)[1], lease_sec, consumer)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            # woken by the next enqueue or ack (a tenant at its cap may have a turn again)
+            await self.blocking.blpop([q.wake], timeout=max(remaining, 0.01))
 
     async def renew(self, lease: Lease, consumer: str) -> None:
-        await self.redis.xclaim(self.stream, _GROUP, consumer, 0, [lease.entry_id], justid=True)
+        q = self.queue
+        await self._renew([q.leases, q.leased], [lease.entry_id, consumer, int(lease.lease_sec * 1000)])
 
     async def ack(self, lease: Lease) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xack(self.stream, _GROUP, lease.entry_id)
-            pipe.xdel(self.stream, lease.entry_id)
-            await pipe.execute()
+        await self.redis.eval(lua.ACK, 4, *self._ack_keys_args(lease))
 
     async def expired(self, now: float, limit: int) -> list[str]:
         return cast("list[str]", await self.redis.zrangebyscore(self.expiry, "-inf", now, start=0, num=limit))
@@ -230,9 +237,8 @@ class RedisTaskStore:
         """Read from the tenant indexes and the records: a scrape's cost grows with the tasks kept."""
         counts: dict[tuple[str, str], int] = {}
         oldest: dict[str, float] = {}
-        async for key in self.redis.scan_iter(match=self._tenant_key("*"), count=500):
-            tenant = key[len(self._tenant_key("")):]
-            ids = await self.redis.zrange(key, 0, -1)
+        for tenant in cast("set[str]", await self.redis.smembers(self.tenants)):
+            ids = await self.redis.zrange(self._tenant_key(tenant), 0, -1)
             for start in range(0, len(ids), 500):
                 for raw in await self.redis.mget([self._task_key(str(t)) for t in ids[start:start + 500]]):
                     if raw is None:
@@ -244,4 +250,7 @@ class RedisTaskStore:
         return counts, oldest
 
     async def ping(self) -> bool:
-        return bool(await self.redis.ping())
+        # a read in the store's slot: on a Redis Cluster it reaches the node holding the store, where a
+        # PING would go to any node and call the backend ready while its store is gone
+        await self.redis.exists(self.queue.ready)
+        return True

@@ -1,5 +1,8 @@
 """Embedded store: one SQLite file (WAL) for tasks and the queue; survives kill -9.
 
+The queue is one table; which row a worker takes next follows the fair turns of
+`backend_stub.store.fair` (the turns themselves live in memory: a restart starts them afresh).
+
 Statements are short and run on the event loop thread: each is well under a
 millisecond, and keeping them on one thread makes every method a transaction
 without locks. One backend process owns the file, so at start-up every lease
@@ -20,6 +23,7 @@ from backend_stub.store.base import (
     decode_cursor,
     encode_cursor,
 )
+from backend_stub.store.fair import Fairness, Turns
 from exports_common.contract import TERMINAL, Status
 
 _SCHEMA = """
@@ -40,16 +44,33 @@ CREATE TABLE IF NOT EXISTS queue (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     task_id TEXT NOT NULL,
     lease_owner TEXT,
-    lease_until REAL
+    lease_until REAL,
+    tenant TEXT NOT NULL DEFAULT ''
 );
+"""
+# after the migration below: indexes on the tenant column, which older files lack until then
+_QUEUE_INDEXES = """
+CREATE INDEX IF NOT EXISTS queue_waiting ON queue (tenant, seq) WHERE lease_until IS NULL;
+CREATE INDEX IF NOT EXISTS queue_leased ON queue (lease_until) WHERE lease_until IS NOT NULL;
+"""
+# the tenants with waiting rows, one index seek each (a plain DISTINCT would read every row)
+_READY_TENANTS = """
+WITH RECURSIVE ready(tenant) AS (
+    SELECT min(tenant) FROM queue WHERE lease_until IS NULL
+    UNION ALL
+    SELECT (SELECT min(tenant) FROM queue WHERE lease_until IS NULL AND tenant > ready.tenant)
+    FROM ready WHERE ready.tenant IS NOT NULL
+)
+SELECT tenant FROM ready WHERE tenant IS NOT NULL
 """
 
 
 class SqliteTaskStore:
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, fairness: Fairness | None = None) -> None:
         self.path = Path(data_dir) / "tasks.sqlite3"
         self._db: sqlite3.Connection | None = None
         self._wakeup = asyncio.Event()
+        self.turns = Turns(fairness or Fairness())
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,6 +78,12 @@ class SqliteTaskStore:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(_SCHEMA)
+        if "tenant" not in {row[1] for row in db.execute("PRAGMA table_info(queue)")}:
+            # a file from before fair scheduling: its queue learns each row's tenant once
+            db.execute("ALTER TABLE queue ADD COLUMN tenant TEXT NOT NULL DEFAULT ''")
+            db.execute("UPDATE queue SET tenant = coalesce((SELECT tenant FROM tasks "
+                       "WHERE tasks.task_id = queue.task_id), '')")
+        db.executescript(_QUEUE_INDEXES)
         db.execute("UPDATE queue SET lease_owner = NULL, lease_until = NULL")
         self._db = db
 
@@ -83,8 +110,12 @@ class SqliteTaskStore:
         row = self.db.execute("SELECT body FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
         return Task.from_json(row[0]) if row else None
 
-    def _enqueue(self, task_id: str) -> None:
-        self.db.execute("INSERT INTO queue (task_id) VALUES (?)", (task_id,))
+    def _enqueue(self, task: Task) -> None:
+        waiting = self.db.execute("SELECT 1 FROM queue WHERE tenant = ? AND lease_until IS NULL LIMIT 1",
+                                  (task.tenant,)).fetchone()
+        if waiting is None:
+            self.turns.join(task.tenant)
+        self.db.execute("INSERT INTO queue (task_id, tenant) VALUES (?, ?)", (task.task_id, task.tenant))
         self._wakeup.set()
 
     async def create(self, task: Task) -> tuple[Task, bool]:
@@ -94,7 +125,7 @@ class SqliteTaskStore:
             if existing is not None:
                 return existing, False
             self._write(task)
-            self._enqueue(task.task_id)
+            self._enqueue(task)
         return task, True
 
     async def get(self, task_id: str) -> Task | None:
@@ -118,9 +149,9 @@ class SqliteTaskStore:
                 return current, False
             self._write(new)
             if ack is not None:
-                self.db.execute("DELETE FROM queue WHERE seq = ?", (int(ack.entry_id),))
+                self._ack(ack)
             if enqueue:
-                self._enqueue(task_id)
+                self._enqueue(new)
         return new, True
 
     async def list_tasks(
@@ -160,15 +191,28 @@ class SqliteTaskStore:
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
             row = self.db.execute(
-                "SELECT seq, task_id FROM queue WHERE lease_until IS NULL OR lease_until < ? ORDER BY seq LIMIT 1",
-                (now,),
-            ).fetchone()
+                "SELECT seq, task_id FROM queue WHERE lease_until IS NOT NULL AND lease_until <= ? "
+                "ORDER BY lease_until LIMIT 1", (now,)).fetchone() or self._next_in_turn()
             if row is None:
                 return None
             self.db.execute(
                 "UPDATE queue SET lease_owner = ?, lease_until = ? WHERE seq = ?", (consumer, now + lease_sec, row[0])
             )
-        return Lease(str(row[0]), row[1], lease_sec)
+        return Lease(str(row[0]), row[1], lease_sec, consumer)
+
+    def _next_in_turn(self) -> tuple[int, str] | None:
+        ready = [r[0] for r in self.db.execute(_READY_TENANTS)]
+        if not ready:
+            return None
+        running = dict(self.db.execute(
+            "SELECT tenant, count(*) FROM queue WHERE lease_until IS NOT NULL GROUP BY tenant").fetchall())
+        tenant = self.turns.pick(ready, running)
+        if tenant is None:
+            return None
+        self.turns.served(tenant)
+        row = self.db.execute("SELECT seq, task_id FROM queue WHERE tenant = ? AND lease_until IS NULL "
+                              "ORDER BY seq LIMIT 1", (tenant,)).fetchone()
+        return (row[0], row[1]) if row else None
 
     async def renew(self, lease: Lease, consumer: str) -> None:
         until = time.time() + lease.lease_sec
@@ -176,8 +220,13 @@ class SqliteTaskStore:
             "UPDATE queue SET lease_until = ? WHERE seq = ? AND lease_owner = ?", (until, int(lease.entry_id), consumer)
         )
 
+    def _ack(self, lease: Lease) -> None:
+        # only the lease's holder: a worker whose lease ran out and was taken over frees nothing
+        self.db.execute("DELETE FROM queue WHERE seq = ? AND lease_owner = ?", (int(lease.entry_id), lease.owner))
+        self._wakeup.set()  # a tenant at its running cap may have a turn again
+
     async def ack(self, lease: Lease) -> None:
-        self.db.execute("DELETE FROM queue WHERE seq = ?", (int(lease.entry_id),))
+        self._ack(lease)
 
     async def expired(self, now: float, limit: int) -> list[str]:
         rows = self.db.execute(

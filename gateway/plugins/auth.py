@@ -35,7 +35,7 @@ class Auth(PluginBase[AuthSettings]):
             if self.required:
                 raise ApiError(ErrorKind.UNAUTHORIZED, headers=_CHALLENGE)
             return await self.next(ctx)
-        tenant = self.services.tenants.bearer(header)
+        tenant = self.services.tenants.caller(ctx)
         if tenant is None:
             raise ApiError(ErrorKind.UNAUTHORIZED, "the API key is not valid", headers=_CHALLENGE)
         ctx.tenant = tenant

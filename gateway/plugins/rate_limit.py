@@ -42,16 +42,16 @@ class RateLimit(PluginBase[RateLimitSettings]):
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         tenants = self.services.tenants
-        header = ctx.request.headers.get("authorization")
-        tenant = tenants.bearer(header) if header else None
+        tenant = tenants.caller(ctx)
         if tenant is None:
-            await check_address(self.services, ctx.request.scope)
-            return await self.next(ctx)
+            refused = await check_address(self.services, ctx.request.scope)
+            return refused if refused is not None else await self.next(ctx)
         limits = tenants.limits_of(tenant)
         quota = limits.submits if self.limit == "submits" else limits.requests
         decision = await self.services.limiter.hit(tenant, self.limit, quota, tenants.limits.gateway_processes)
         if not decision.allowed:
-            raise refusal(self.limit, quota, decision, f"tenant {tenant}")
+            await self.services.refusal_hold(f"{tenant}:{self.limit}", tenants.limits.hold)
+            return refusal(self.limit, quota, decision, f"tenant {tenant}")
         if self.active_tasks:
             ctx.upstream_headers[ACTIVE_TASKS_HEADER] = str(limits.max_active_tasks)
         resp = await self.next(ctx)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-import redis.asyncio as aioredis
+from exports_common.redis_client import AnyRedis
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ return 0
 
 
 class RedisOutbox:
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+    def __init__(self, client: AnyRedis, prefix: str) -> None:
         self.redis = client
         tag = "{" + prefix + ":outbox}"
         self.order = f"{tag}:order"
