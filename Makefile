@@ -3,9 +3,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-$(STAMP): pyproject.toml
+# the example plugin is installed as its own package, as a backend team's would be: the tests use it
+$(STAMP): pyproject.toml examples/tenant_allowlist/pyproject.toml
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]'
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]' -e examples/tenant_allowlist
 	touch $(STAMP)
 
 .PHONY: install run test check bench cluster

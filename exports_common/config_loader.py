@@ -6,14 +6,17 @@ can name all of them at once.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
+import types
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 M = TypeVar("M", bound=BaseModel)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -87,6 +90,11 @@ def load_model(path: str | Path, model: type[M]) -> M:
     data = interpolate(raw, "", missing)
     if missing:
         raise ConfigError(source, missing)
+    return validate_data(data, model, source, root)
+
+
+def validate_data(data: Any, model: type[M], source: str, root: yaml.Node | None = None) -> M:
+    """`data` as a `model`, or a ConfigError naming every problem by its path (and line, given the YAML)."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -95,8 +103,55 @@ def load_model(path: str | Path, model: type[M]) -> M:
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
             line = _line_of(root, loc)
             where = f"{_format_loc(loc)}" + (f" (line {line})" if line else "")
-            problems.append(f"{where}: {err['msg']}")
+            problems.append(f"{where}: {_message(model, loc, err)}")
         raise ConfigError(source, problems) from exc
+
+
+def _message(model: type[BaseModel], loc: tuple[Any, ...], err: ErrorDetails) -> str:
+    if err["type"] == "extra_forbidden":
+        return unknown_key_message(model, loc) or err["msg"]
+    if err["type"] == "value_error":  # our validators' own sentences, without pydantic's "Value error, " before them
+        return str(err.get("ctx", {}).get("error", err["msg"]))
+    return err["msg"]
+
+
+def _inside(tp: Any, part: str | int) -> Any:
+    """The type found at key or index `part` of a value of type `tp`, or None when it cannot be told."""
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _inside(get_args(tp)[0], part)
+    if origin in (Union, types.UnionType):
+        return next((t for t in (_inside(arg, part) for arg in get_args(tp)) if t is not None), None)
+    if origin is list and isinstance(part, int):
+        return get_args(tp)[0]
+    if origin is dict and isinstance(part, str):
+        return get_args(tp)[1]
+    if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
+        return next((f.annotation for n, f in tp.model_fields.items() if part in (n, f.alias)), None)
+    return None
+
+
+def _model_in(tp: Any) -> type[BaseModel] | None:
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return tp
+    if get_origin(tp) in (Union, types.UnionType, Annotated):
+        return next((m for m in map(_model_in, get_args(tp)) if m is not None), None)
+    return None
+
+
+def unknown_key_message(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """For an unknown key at `loc` inside `model`: the sentence naming it and the nearest known key, if any."""
+    tp: Any = model
+    for part in loc[:-1]:
+        tp = _inside(tp, part)
+    found = _model_in(tp)
+    if found is None or not loc:
+        return None
+    key = str(loc[-1])
+    known = [f.alias or n for n, f in found.model_fields.items()]
+    close = difflib.get_close_matches(key, known, n=1)
+    return f"unknown key {key!r}, did you mean {close[0]!r}?" if close else \
+        f"unknown key {key!r} (known: {', '.join(known)})"
 
 
 def write_schema(model: type[BaseModel], path: str | Path) -> None:

@@ -11,15 +11,7 @@ import re
 import string
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    create_model,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from starlette.routing import compile_path
 
 from exports_common import dev_mode
@@ -27,7 +19,8 @@ from exports_common.connection_limits import ConnectionLimits, networks
 from exports_common.otel import TracingConfig
 from gateway.context import RequestContext
 from gateway.limiter import Quota
-from gateway.plugins import PLUGINS
+from gateway.plugin_config import PluginUse, validate_entries
+from gateway.plugin_registry import registry
 from gateway.refusal_hold import HoldSettings
 from gateway.tenants import Limits, TenantLimits
 
@@ -43,34 +36,17 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _one_plugin(self: BaseModel) -> BaseModel:
-    chosen = [name for name in type(self).model_fields if getattr(self, name) is not None]
-    if len(chosen) != 1:
-        raise ValueError(f"each plugin entry names exactly one plugin (one of {sorted(PLUGINS)})")
-    return self
-
-
-# Fields are named p_<plugin> with the plugin's name as alias: a plugin's name must not shadow a
-# BaseModel attribute (validate, copy, json, ...).
-PluginEntry: type[BaseModel] = create_model(  # type: ignore[call-overload]
-    "PluginEntry",
-    __config__=ConfigDict(extra="forbid"),
-    __validators__={"one_plugin": model_validator(mode="after")(_one_plugin)},
-    **{f"p_{name}": (cls.Settings | None, Field(None, alias=name)) for name, cls in PLUGINS.items()},
-)
-
-
-def plugin_of(entry: BaseModel) -> tuple[str, BaseModel]:
-    field = next(n for n in type(entry).model_fields if getattr(entry, n) is not None)
-    return field.removeprefix("p_"), getattr(entry, field)
+def plugin_of(entry: PluginUse) -> tuple[str, BaseModel]:
+    return entry.name, entry.settings
 
 
 def filters_and_policy(route: RouteConfig) -> tuple[list[tuple[str, BaseModel]], list[tuple[str, BaseModel]]]:
     """The route's plugins as a request meets them: its filters as listed, then its upstream policy
     (timeout, retry, breaker: ranked by each plugin's `upstream_policy`) around the proxy."""
     entries = [plugin_of(entry) for entry in route.plugins]
-    policy = sorted((e for e in entries if PLUGINS[e[0]].upstream_policy), key=lambda e: PLUGINS[e[0]].upstream_policy)
-    return [e for e in entries if not PLUGINS[e[0]].upstream_policy], policy
+    rank = {name: registry().get(name).upstream_policy for name, _ in entries}
+    policy = sorted((e for e in entries if rank[e[0]]), key=lambda e: rank[e[0]])
+    return [e for e in entries if not rank[e[0]]], policy
 
 
 def contract_problems(route: RouteConfig) -> list[str]:
@@ -81,7 +57,7 @@ def contract_problems(route: RouteConfig) -> list[str]:
     agreed: dict[str, tuple[str, object]] = {}
     filters, policy = filters_and_policy(route)
     for name, settings in filters + policy:
-        contract = PLUGINS[name].contract(settings, tuple(route.methods))
+        contract = registry().get(name).contract(settings, tuple(route.methods))
         for field in sorted((contract.needs | contract.provides | contract.defaults) - CONTEXT_FIELDS):
             problems.append(f"route `{route.name}`: {name} declares `{field}`, which is not a field of the request "
                             f"context (gateway/context.py)")
@@ -143,15 +119,12 @@ class RouteConfig(Strict):
     upstream: str
     rewrite: str | None = Field(None, description="upstream path; may use the path's {params}")
     max_body_bytes: int = Field(1_048_576, ge=0, description="a bigger request body gets 413")
-    plugins: list[PluginEntry] = Field(default_factory=list)
+    plugins: list[PluginUse] = Field(default_factory=list)
 
     @field_validator("plugins", mode="before")
     @classmethod
-    def _shorthand(cls, value: Any) -> Any:
-        # `- auth` is short for `- auth: {}`
-        if isinstance(value, list):
-            return [{item: {}} if isinstance(item, str) else item for item in value]
-        return value
+    def _plugins(cls, value: Any, info: ValidationInfo) -> list[PluginUse]:
+        return validate_entries(value, info.data.get("name", "?"))
 
     @field_validator("methods")
     @classmethod
@@ -330,7 +303,7 @@ class GatewayConfig(Strict):
         for route in self.routes:
             for entry in route.plugins:
                 name, settings = plugin_of(entry)
-                if not PLUGINS[name].per_upstream:
+                if not registry().get(name).per_upstream:
                     continue
                 first = per_upstream.setdefault((name, route.upstream), (route.name, settings))
                 if first[1] != settings:

@@ -21,7 +21,7 @@ from exports_common.contract import DEFAULT_FORMAT, FORMATS, PUBLIC_MODELS, Form
 from exports_common.errors import ErrorKind
 from exports_common.task_ids import TASK_ID_PATTERN
 from gateway.config import GatewayConfig, plugin_of
-from gateway.plugins import PLUGINS
+from gateway.plugin_registry import registry
 from gateway.runtime import Runtime
 from gateway.upstream import Timeouts, UpstreamError
 
@@ -73,7 +73,7 @@ def _accepts(config: GatewayConfig) -> dict[str, Any]:
     for route in config.routes:
         for entry in route.plugins:
             name, settings = plugin_of(entry)
-            for key, value in PLUGINS[name].accepts(settings).items():
+            for key, value in registry().get(name).accepts(settings).items():
                 found.setdefault(key, value)
     return found
 

@@ -25,7 +25,7 @@ from gateway import openapi, telemetry
 from gateway.address_limit import check_address
 from gateway.admin_recovery import AdminRecovery
 from gateway.config import filters_and_policy
-from gateway.plugins import PLUGINS
+from gateway.plugin_registry import registry
 from gateway.response import GatewayResponse
 from gateway.wiring import RuntimeHolder
 
@@ -99,7 +99,7 @@ class OpsEndpoints:
         if runtime.config.metrics_auth == "admin_token":
             self.require_admin(request)
         services = runtime.services
-        for plugin in PLUGINS.values():
+        for plugin in registry().usable():
             with contextlib.suppress(Exception):  # a store that does not answer leaves the last value read
                 await plugin.before_scrape(services)
         body, content_type = telemetry.prometheus_text(services.metrics)
@@ -127,7 +127,7 @@ class OpsEndpoints:
         self.require_admin(request)
         services = self.holder.runtime.services
         stats: dict[str, Any] = {"pid": os.getpid()}
-        for plugin in PLUGINS.values():  # each plugin reports its own part
+        for plugin in registry().usable():  # each plugin reports its own part
             stats.update(await plugin.stats(services))
         return ok(stats)
 

@@ -14,7 +14,7 @@ from exports_common.signing import DownloadSigner
 from gateway.config import GatewayConfig, RouteConfig, UpstreamConfig, filters_and_policy
 from gateway.context import Handler
 from gateway.forwarding import TrustedProxies
-from gateway.plugins import PLUGINS
+from gateway.plugin_registry import registry
 from gateway.plugins.base import RouteInfo
 from gateway.proxy import Proxy
 from gateway.router import Router
@@ -45,15 +45,16 @@ def upstreams_of(config: GatewayConfig, metrics: Metrics) -> dict[str, Upstream]
     }
 
 
-def build_chain(route: RouteConfig, services: Services) -> Handler:
+def build_chain(route: RouteConfig, services: Services, last: Handler | None = None) -> Handler:
     """The route's filters in their YAML order around its upstream call.
 
     The upstream call is the route's upstream policy (timeout, then retry, then the
     breaker: Envoy's split) around the proxy, in that order wherever the YAML lists
     them; a plugin that makes a call of its own (rerun) goes through the same policy.
+    `last` stands in for the proxy (gateway.testing ends a chain in a recorder).
     """
     filters, policy = filters_and_policy(route)
-    proxy = Proxy(services.upstreams[route.upstream], services, route.max_body_bytes)
+    proxy = last or Proxy(services.upstreams[route.upstream], services, route.max_body_bytes)
     call_upstream = _wrap(proxy, policy, services, RouteInfo(route.name, route.upstream, tuple(route.methods), proxy))
     return _wrap(call_upstream, filters, services,
                  RouteInfo(route.name, route.upstream, tuple(route.methods), call_upstream))
@@ -61,7 +62,7 @@ def build_chain(route: RouteConfig, services: Services) -> Handler:
 
 def _wrap(inner: Handler, plugins: list[tuple[str, BaseModel]], services: Services, route: RouteInfo) -> Handler:
     for name, settings in reversed(plugins):
-        inner = PLUGINS[name](inner, settings, services, route)
+        inner = registry().get(name)(inner, settings, services, route)
     return inner
 
 

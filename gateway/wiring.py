@@ -21,7 +21,7 @@ from gateway import config_watch, telemetry, worker_metrics
 from gateway.breakers import Breakers
 from gateway.config import GatewayConfig
 from gateway.limiter import Limiter
-from gateway.plugins import PLUGINS
+from gateway.plugin_registry import registry
 from gateway.runtime import Runtime, build_runtime, upstreams_of
 from gateway.services import Services, State, open_redis
 from gateway.tenants import TenantDirectory
@@ -102,7 +102,7 @@ class RuntimeHolder:
         """The gauges read at scrape time: the gateway's own, then each plugin's."""
         services.metrics.observe_gauge("gateway_config_info", "the config in force: its hash (1 while it serves)",
                                        lambda: [(1.0, {"hash": self.config_hash})])
-        for plugin in PLUGINS.values():
+        for plugin in registry().usable():
             plugin.observe(services)
 
 
@@ -124,13 +124,15 @@ def open_services(config: GatewayConfig) -> Services:
 async def running(holder: RuntimeHolder) -> AsyncIterator[None]:
     """From start to shutdown: services open, the first Runtime in force, reload triggers armed."""
     services = open_services(holder.initial_config)
+    for problem in registry().problems():  # said once at start; a route naming it is refused with the same words
+        log.warning("an installed plugin cannot be used", extra={"problem": problem})
     holder.observe(services)
     holder.apply(build_runtime(holder.initial_config, services))
     # what start-up built (modules, config, plugin chains) lives as long as the process: kept out of every
     # later collection, so that a full one walks only what requests left, which shortens the pauses in p99
     gc.freeze()
     # the plugins' background work (the outbox's drainer) runs on whatever services are in force
-    background = [work for plugin in PLUGINS.values() for work in plugin.background(lambda: holder.runtime.services)]
+    background = [work for plugin in registry().usable() for work in plugin.background(lambda: holder.runtime.services)]
     # one of several workers (run --workers N): its figures published for whichever worker is scraped
     if (where := worker_metrics.directory()) is not None:
         background.append(worker_metrics.publish_forever(services.metrics.registry, where))

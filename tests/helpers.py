@@ -1,6 +1,7 @@
 """Small HTTP helpers shared by the tests."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Collection
 
 import httpx
@@ -50,3 +51,16 @@ def upstream_calls(gateway_url: str, route: str) -> int:
 def backend_requests(backend_url: str) -> int:
     """API requests the backend has served, from its own count."""
     return int(httpx.get(f"{backend_url}/healthz").json()["data"]["requests"])
+
+
+def install_distribution(site: Path, package: str, entry_points: dict[str, str], source: str) -> None:
+    """A one-module package as pip leaves it (a `.dist-info` beside the module), plugins in its entry points."""
+    from gateway.plugin_registry import GROUP
+
+    module = package.replace("-", "_")
+    (site / f"{module}.py").write_text(source)
+    info = site / f"{module}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 1.0\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[{GROUP}]\n{lines}")

@@ -97,6 +97,17 @@ def test_backend_config_rejects_unknown_columns(tmp_path: Path) -> None:
     assert "export_types.x" in err.value.problems[0] and "no column 'nope'" in err.value.problems[0]
 
 
+def test_an_unknown_key_anywhere_names_the_nearest_known_one(tmp_path: Path) -> None:
+    path = tmp_path / "b.yaml"
+    path.write_text("workerz: 2\ncallbacks:\n  retry_delay_sec: [1]\n")
+    with pytest.raises(ConfigError) as err:
+        load_model(path, BackendConfig)
+    for expected in ["workerz (line 1): unknown key 'workerz', did you mean 'workers'?",
+                     "callbacks.retry_delay_sec (line 3): unknown key 'retry_delay_sec', did you mean "
+                     "'retry_delays_sec'?"]:
+        assert expected in err.value.problems
+
+
 def test_check_config_names_the_route_and_the_missing_context_field_and_the_settings_a_reload_would_not_apply(
         tmp_path: Path) -> None:
     import yaml

@@ -1,4 +1,7 @@
-"""The plugin registry: the names a route may list in its YAML, each implemented in one module."""
+"""The built-in plugins, each implemented in one module.
+
+The names a route may list are these and the installed packages' plugins: ask gateway.plugin_registry.
+"""
 from __future__ import annotations
 
 from gateway.plugins.auth import Auth

@@ -1,0 +1,81 @@
+"""The example third-party plugin (examples/tenant_allowlist), installed as its own package, in a real gateway.
+
+`make install` installs it beside the gateway (pip install -e examples/tenant_allowlist); the
+gateway finds it through its entry point, as it would any plugin a backend team ships.
+"""
+from __future__ import annotations
+
+import json
+import os
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import pytest
+import yaml
+
+from exports_common.config_loader import ConfigError, load_model
+from gateway.config import GatewayConfig
+from tests.conftest import DEMO2_KEY, DEMO_KEY, gateway_config
+from tests.helpers import install_distribution, upstream_calls
+from tests.procs import ROOT, Service
+
+BETA = {"name": "beta", "path": "/beta/{rest}", "methods": ["GET"], "upstream": "echo", "rewrite": "/got/{rest}",
+        "plugins": [{"auth": {"required": False}}, {"tenant_allowlist": {"tenants": ["demo"]}}]}
+
+
+@pytest.fixture(autouse=True)
+def _installed() -> None:
+    try:
+        version("export-gateway-tenant-allowlist")
+    except PackageNotFoundError:
+        pytest.fail("the example plugin is not installed: make install installs it "
+                    "(pip install -e examples/tenant_allowlist)")
+
+
+def test_a_route_open_to_listed_tenants_only(services: Callable[..., Service], tmp_path: Path) -> None:
+    echo = services("tests.echo_upstream", {}, name="echo")
+    config = gateway_config(tmp_path, echo.url)
+    config["upstreams"]["echo"] = {"url": echo.url}
+    config["routes"] = [BETA]
+    # beside it, an installed package whose plugin cannot be imported, which no route names
+    site = tmp_path / "site"
+    site.mkdir()
+    install_distribution(site, "broken-plugin", {"broken": "broken_plugin:Broken"}, "import no_such_module\n")
+    gateway = services("gateway", config, name="gateway", PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))
+    warning = next(json.loads(line) for line in gateway.log().splitlines() if "cannot be used" in line)
+    assert warning["level"] == "warning" and "'broken-plugin 1.0'" in warning["problem"]
+    with httpx.Client(base_url=gateway.url, timeout=10) as client:
+        allowed = client.get("/beta/report", headers={"Authorization": f"Bearer {DEMO_KEY}"})
+        assert allowed.status_code == 200, allowed.text
+        echoed = allowed.json()["data"]
+        assert echoed["path"] == "/got/report" and ["x-tenant-id", "demo"] in echoed["headers"]
+
+        other = client.get("/beta/report", headers={"Authorization": f"Bearer {DEMO2_KEY}"})
+        no_route = client.get("/no/such/route", headers={"Authorization": f"Bearer {DEMO2_KEY}"})
+        # another tenant cannot tell the route from one that does not exist
+        assert other.status_code == no_route.status_code == 404
+        assert other.json()["code"] == no_route.json()["code"] == 40400
+        assert other.json()["message"] == "no route for /beta/report"
+
+        anonymous = client.get("/beta/report")
+        assert anonymous.status_code == 401 and anonymous.json()["code"] == 40100
+        assert anonymous.headers["www-authenticate"].startswith("Bearer")
+    assert upstream_calls(gateway.url, "beta") == 1  # only the allowed request went upstream
+
+
+def test_its_settings_are_checked_like_a_built_in(tmp_path: Path) -> None:
+    config = gateway_config(tmp_path, "http://127.0.0.1:1")
+    config["upstreams"]["echo"] = {"url": "http://127.0.0.1:1"}
+    config["routes"] = [{**BETA, "plugins": ["auth", {"tenant_allowlist": {"tenant": ["demo"]}},
+                                             {"tenant_allowlist": {"tenants": []}}]}]
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    with pytest.raises(ConfigError) as refused:
+        load_model(path, GatewayConfig)
+    problems = refused.value.problems
+    assert any(p.startswith("routes[0].plugins[1].tenant_allowlist.tenant (line ") and p.endswith(
+        "route `beta`, plugin tenant_allowlist: unknown key 'tenant', did you mean 'tenants'?") for p in problems)
+    assert any(p.startswith("routes[0].plugins[2].tenant_allowlist.tenants (line ") and
+               "List should have at least 1 item" in p for p in problems), problems

@@ -1,0 +1,37 @@
+"""gateway.testing, the harness for plugin authors, ending in the real proxy to a real upstream."""
+from __future__ import annotations
+
+from typing import Callable
+
+from gateway.context import RequestContext
+from gateway.response import GatewayResponse
+from gateway.testing import PluginHarness
+from tests.procs import Service
+
+
+async def test_a_url_sends_the_chain_through_the_proxy(services: Callable[..., Service]) -> None:
+    echo = services("tests.echo_upstream", {}, name="echo")
+    async with PluginHarness(["auth"], tenants={"acme": "acme-key-0123456789"}, upstream=echo.url,
+                             rewrite="/got/{rest}") as gw:
+        answer = await gw.request("POST", "/test/a?x=1", api_key="acme-key-0123456789", json_body={"n": 1})
+        refused = await gw.request("POST", "/test/a", api_key="wrong-key")
+    assert answer.status == 200, answer.body
+    echoed = answer.json()["data"]
+    assert (echoed["method"], echoed["path"], echoed["query"], echoed["body_bytes"]) == ("POST", "/got/a", "x=1", 8)
+    assert ["x-tenant-id", "acme"] in echoed["headers"]
+    assert answer.upstream is None  # the recorder is not the end of this chain
+    assert refused.status == 401 and refused.json()["code"] == 40100
+
+
+async def test_a_handler_as_upstream_sits_inside_the_routes_upstream_policy() -> None:
+    tries: list[int] = []
+
+    async def flaky(ctx: RequestContext) -> GatewayResponse:
+        tries.append(ctx.attempt)
+        return GatewayResponse(503 if len(tries) == 1 else 200, body=b"")
+
+    async with PluginHarness(["auth", {"retry": {"attempts": 2, "backoff": {"initial": 0.001, "max": 0.001}}}],
+                             tenants={"acme": "acme-key-0123456789"}, upstream=flaky, methods=["GET"]) as gw:
+        answer = await gw.request("GET", "/test/a", api_key="acme-key-0123456789")
+    assert answer.status == 200 and tries == [1, 2]
+    assert answer.headers["x-gateway-attempts"] == "2"
