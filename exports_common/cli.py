@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -118,7 +119,9 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
     if workers == 1:
         os.environ.pop(METRICS_DIR_ENV, None)  # one process answers for itself: no other run's files merged in
         single = uvicorn.Server(server)
-        single.run()
+        # uvicorn re-raises the Ctrl-C it shut down on; a stop asked for is no error (uvicorn.run swallows it too)
+        with contextlib.suppress(KeyboardInterrupt):
+            single.run()
         return 0 if single.started else STARTUP_FAILURE
     with metrics_dir(Path(tempfile.gettempdir()) / f"{prog}-metrics-{os.getpid()}"):
         return Supervisor(server, workers).run()

@@ -6,6 +6,7 @@ of the suite runs in production mode with generated secrets (tests/conftest.py).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -64,7 +65,7 @@ def test_published_defaults_are_refused_outside_dev_mode(module: str, names: lis
 
 @pytest.mark.parametrize("how", ["flag", "env"])
 @pytest.mark.parametrize("module", ["gateway", "backend_stub"])
-def test_published_defaults_start_in_dev_mode(module: str, how: str, tmp_path: Path) -> None:
+def test_published_defaults_start_in_dev_mode_and_stop_cleanly_on_ctrl_c(module: str, how: str, tmp_path: Path) -> None:
     config = _published(module, tmp_path)
     if how == "flag":
         proc = _start(module, config, tmp_path, "--dev")
@@ -73,9 +74,11 @@ def test_published_defaults_start_in_dev_mode(module: str, how: str, tmp_path: P
     try:
         _wait_healthy(f"http://127.0.0.1:{config['port']}", proc)
     finally:
-        proc.terminate()
+        proc.send_signal(signal.SIGINT)  # Ctrl-C, as `make run` passes it on
         out, _ = proc.communicate(timeout=20)
     assert "DEV MODE" in out
+    # a stop asked for is a clean exit: no KeyboardInterrupt traceback in the log
+    assert proc.returncode == 0 and "Traceback" not in out, out[-3000:]
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[str]) -> None:
