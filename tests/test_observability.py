@@ -274,7 +274,11 @@ def test_a_rerun_and_an_outbox_delivery_link_back_and_log_no_traceback(services:
         def delivered() -> list[Span] | None:
             spans = collector.of_trace(outboxed)
             names = {(s.service, s.name) for s in spans}
-            return spans if {("backend", "export report_export"), ("backend", "POST /exports")} <= names else None
+            # the gateway's delivery span ends after the backend's answer: it may reach the collector last
+            succeeded = any(s.name == "outbox delivery exports"
+                            and s.attributes.get("http.response.status_code") == 201 for s in spans)
+            return spans if succeeded and {("backend", "export report_export"),
+                                           ("backend", "POST /exports")} <= names else None
 
         spans = wait_until(delivered, 15, what="the outbox delivery's spans")
     server = next(s for s in spans if s.service == "gateway" and s.name == f"POST {API}")
