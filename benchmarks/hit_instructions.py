@@ -19,10 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, AsyncIterator, MutableMapping
 
@@ -94,25 +91,17 @@ async def _drive(config_path: str, task_id: str, key: str, hits: int, mode: str)
 
 
 def _instructions(code: Path, config_path: str, task_id: str, key: str, hits: int, mode: str) -> int:
-    from tests.conftest import RAISED_LIMITS  # here, not at the top: under callgrind this file runs another tree
+    # here, not at the top: under callgrind this file runs another tree, which may lack them
+    from benchmarks import callgrind
+    from tests.conftest import RAISED_LIMITS
 
-    with tempfile.NamedTemporaryFile(suffix=".callgrind") as out:
-        python = code / ".venv" / "bin" / "python" if code != ROOT else Path(sys.executable)
-        run = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}", str(python),
-                              str(Path(__file__)), "--drive", config_path, task_id, key, str(hits), mode],
-                             capture_output=True, text=True,
-                             # callgrind runs the process ~50x slower: a 5 s batch would hold a tenth of the spans a
-                             # real second's traffic puts in one; 60 s keeps batches near their production size
-                             # the tenant limits raised as in every benchmark (the limiter still runs): else how
-                             # many hits pass depends on how slowly callgrind runs them
-                             env=dict(os.environ, **RAISED_LIMITS, PYTHONPATH=str(code),
-                                      OTEL_BSP_SCHEDULE_DELAY="60000"))
-        if run.returncode != 0:
-            raise RuntimeError(f"the driven gateway failed:\n{run.stderr[-3000:]}")
-        for line in Path(out.name).read_text().splitlines():
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1])
-    raise RuntimeError("callgrind wrote no totals")
+    python = code / ".venv" / "bin" / "python" if code != ROOT else Path(sys.executable)
+    return callgrind.instructions(
+        [str(python), str(Path(__file__)), "--drive", config_path, task_id, key, str(hits), mode],
+        # callgrind runs the process ~50x slower: a 5 s batch would hold a tenth of the spans a real second's
+        # traffic puts in one; 60 s keeps batches near their production size. The tenant limits raised as in
+        # every benchmark (the limiter still runs): else how many hits pass depends on how slowly callgrind runs
+        RAISED_LIMITS | {"PYTHONPATH": str(code), "OTEL_BSP_SCHEDULE_DELAY": "60000"})
 
 
 def main() -> None:

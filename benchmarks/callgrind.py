@@ -1,0 +1,20 @@
+"""One process run under `valgrind --tool=callgrind`: the instructions it executed, whatever the machine's load."""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+def instructions(argv: list[str], env: dict[str, str]) -> int:
+    """Instructions `argv` executed; its stderr's tail in the error when it fails."""
+    with tempfile.NamedTemporaryFile(suffix=".callgrind") as out:
+        run = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}", *argv],
+                             capture_output=True, text=True, env=os.environ | env)
+        if run.returncode != 0:
+            raise RuntimeError(f"the driven process failed:\n{run.stderr[-3000:]}")
+        for line in Path(out.name).read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError("callgrind wrote no totals")
