@@ -236,12 +236,13 @@ class _Connection(asyncio.Protocol):
             self.writer = self.loop.create_task(self._send_chunks(body))
         return reply
 
-    async def wait(self, reply: _Reply, read_timeout: float) -> None:
-        """Until the connection has news for `reply`; more than `read_timeout` without data is a timeout."""
+    async def wait(self, reply: _Reply, read_timeout: float, deadline: float | None = None) -> None:
+        """Until the connection has news for `reply`: a timeout after `read_timeout` without data, or at `deadline`."""
         loop = self.loop
         reply.waiter = waiter = loop.create_future()
-        self.last_data = loop.time()
-        self.read_timer = loop.call_later(read_timeout, self._check_read, waiter, read_timeout)
+        self.last_data = now = loop.time()
+        delay = read_timeout if deadline is None else min(read_timeout, deadline - now)
+        self.read_timer = loop.call_later(delay, self._check_read, waiter, read_timeout, deadline)
         try:
             await waiter
         finally:
@@ -249,12 +250,17 @@ class _Connection(asyncio.Protocol):
                 self.read_timer.cancel()
             reply.waiter = None
 
-    def _check_read(self, waiter: asyncio.Future[None], timeout: float) -> None:
+    def _check_read(self, waiter: asyncio.Future[None], timeout: float, deadline: float | None) -> None:
         if waiter.done():
             return
-        quiet = self.loop.time() - self.last_data
+        now = self.loop.time()
+        if deadline is not None and now >= deadline:
+            self._fail(UpstreamError("timeout", "no answer within the route's total time"))
+            return
+        quiet = now - self.last_data
         if quiet < timeout:  # data came meanwhile, just not enough: the wait counts again from the last arrival
-            self.read_timer = self.loop.call_later(timeout - quiet, self._check_read, waiter, timeout)
+            delay = timeout - quiet if deadline is None else min(timeout - quiet, deadline - now)
+            self.read_timer = self.loop.call_later(delay, self._check_read, waiter, timeout, deadline)
             return
         self._fail(UpstreamError("timeout", f"no data from the upstream for {timeout:g}s"))
 
@@ -359,13 +365,20 @@ class _Pool:
             self.lent += 1
         return conn
 
-    async def lease(self, connect_timeout: float, fresh: bool) -> _Connection:
-        """A connection once a slot is free: an idle one unless `fresh`, else a new one."""
-        await self._slot()
+    async def lease(self, timeouts: Timeouts, fresh: bool) -> _Connection:
+        """A connection once a slot is free (by the deadline): an idle one unless `fresh`, else a new one."""
+        if timeouts.deadline is None:
+            await self._slot()
+        else:
+            try:
+                async with asyncio.timeout_at(timeouts.deadline):
+                    await self._slot()
+            except TimeoutError as exc:
+                raise UpstreamError("timeout", "no answer within the route's total time") from exc
         try:
             conn = None if fresh else self._reuse()
             if conn is None:
-                conn = await self._connect(connect_timeout)
+                conn = await self._connect(timeouts.connect)
                 conn.leased = True
             return conn
         except BaseException:
@@ -520,13 +533,13 @@ class HttpClient:
         while True:
             conn = None if fresh else pool.take()
             if conn is None:
-                conn = await pool.lease(timeouts.connect, fresh)
+                conn = await pool.lease(timeouts, fresh)
             try:
                 reply = conn.send(head, body, method == "HEAD")
                 while not reply.head_done:
                     if reply.error is not None:
                         raise reply.error
-                    await conn.wait(reply, timeouts.read)
+                    await conn.wait(reply, timeouts.read, timeouts.deadline)
                 break
             except _StaleConnection:
                 if fresh or method not in IDEMPOTENT or not (body is None or isinstance(body, bytes)):

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -349,6 +352,26 @@ async def test_silent_peer_is_a_timeout_and_a_slow_drip_is_not() -> None:
 
 
 @on_both_loops
+async def test_deadline_bounds_a_slow_drip_and_a_wait_for_the_pool() -> None:
+    async def drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        for byte in b"HTTP/1.1 200 OK\r\n":
+            await asyncio.sleep(0.1)  # each arrival within the read timeout, the head never whole by the deadline
+            writer.write(bytes([byte]))
+
+    loop = asyncio.get_running_loop()
+    async with RawServer(drip) as slow, client_of(pool_size=1) as client:
+        first = asyncio.create_task(get(client, slow.url, Timeouts(read=0.3, deadline=loop.time() + 0.6)))
+        await poll(lambda: slow.connections == 1, "the first request to arrive")
+        with pytest.raises(UpstreamError) as waited:  # the only connection is taken: it waits for the pool
+            await get(client, slow.url, Timeouts(read=5, deadline=loop.time() + 0.2))
+        assert waited.value.kind == "timeout"
+        with pytest.raises(UpstreamError) as dripped:
+            await first
+        assert dripped.value.kind == "timeout" and "total time" in str(dripped.value)
+
+
+@on_both_loops
 async def test_connection_close_and_http_1_0_are_not_reused() -> None:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
@@ -465,13 +488,75 @@ async def test_oversized_answer_head_is_a_reset() -> None:
             assert refused.value.kind == "reset"
 
 
-def test_https_pool_uses_the_default_context_with_sni() -> None:
-    async def scenario() -> Any:
-        client = HttpClient()
-        pool, target = client._route("https://example.test/a b?q=1")
-        await client.close()
-        return pool, target
+def tls_files(directory: Path) -> tuple[Path, Path, Path]:
+    """A CA and a certificate it signs for `localhost`: (ca.pem, cert.pem, key.pem).
 
-    pool, target = uvloop.run(scenario())
-    assert pool.tls is not None and pool.tls.check_hostname and pool.host_header == "example.test"
-    assert pool.port == 443 and target == "/a b?q=1"
+    cryptography is there through moto[server], a test dependency.
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def certificate(subject: str, key: ec.EllipticCurvePrivateKey, issuer: str, signer: ec.EllipticCurvePrivateKey,
+                    ca: bool) -> x509.Certificate:
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                   .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(hours=1))
+                   .not_valid_after(now + datetime.timedelta(hours=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if ca:
+            builder = builder.add_extension(x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
+                key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False),
+                critical=True)
+        else:
+            builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(subject)]), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    paths = directory / "ca.pem", directory / "cert.pem", directory / "key.pem"
+    paths[0].write_bytes(certificate("test CA", ca_key, "test CA", ca_key, True).public_bytes(
+        serialization.Encoding.PEM))
+    paths[1].write_bytes(certificate("localhost", key, "test CA", ca_key, False).public_bytes(
+        serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
+@pytest.mark.parametrize("loop_factory", [uvloop.new_event_loop, asyncio.new_event_loop], ids=["uvloop", "asyncio"])
+def test_https_verifies_with_the_default_context_and_sends_sni(
+        loop_factory: LoopFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ca, cert, key = tls_files(tmp_path)
+    server_names: list[str | None] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(b"secret"))
+        await writer.drain()
+
+    async def scenario() -> None:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(cert, key)
+        tls.sni_callback = lambda sock, name, ctx: server_names.append(name)
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
+        url = f"https://localhost:{server.sockets[0].getsockname()[1]}/x"
+        try:
+            async with client_of() as untrusting:  # the test CA is not among the system's
+                with pytest.raises(UpstreamError) as refused:
+                    await get(untrusting, url)
+                assert refused.value.kind == "connect_error" and "CERTIFICATE_VERIFY_FAILED" in str(refused.value)
+            monkeypatch.setenv("SSL_CERT_FILE", str(ca))  # read when the default context is made
+            async with client_of() as trusting:
+                assert await get(trusting, url) == (200, b"secret")
+        finally:
+            server.close()
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(scenario())
+    assert server_names and set(server_names) == {"localhost"}
