@@ -7,7 +7,7 @@ client, and forwarding headers only from a trusted proxy.
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable
 
 from opentelemetry import trace
 
@@ -68,10 +68,11 @@ class Proxy:
         return Timeouts(connect=min(timeouts.connect, left), read=min(timeouts.read, left),
                         deadline=ctx.deadline + DEADLINE_SLACK_SEC)
 
-    async def _send(self, ctx: RequestContext, url: str, body: bytes | LimitedBody | None) -> GatewayResponse:
+    def _send(self, ctx: RequestContext, url: str, body: bytes | LimitedBody | None) -> Awaitable[GatewayResponse]:
+        """The try's call, to await (not a coroutine of its own: one frame less per call)."""
         timeouts = self._timeouts(ctx)
         headers = upstream_headers(ctx, self.services.trusted_proxies)
-        return await self.services.client.request(ctx.method, url, headers, body, timeouts)
+        return self.services.client.request(ctx.method, url, headers, body, timeouts)
 
     async def _send_to(self, ctx: RequestContext, endpoint: Endpoint, url: str,
                        body: bytes | LimitedBody | None) -> GatewayResponse:
