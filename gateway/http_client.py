@@ -299,9 +299,7 @@ class _Connection(asyncio.Protocol):
                     await self._drain()
             transport.write(b"0\r\n\r\n")
             self.request_sent = True
-        except UpstreamError as exc:
-            self._fail(exc)
-        except Exception as exc:  # noqa: BLE001 - the body's own error (too large): the reader raises it
+        except Exception as exc:  # noqa: BLE001 - the connection's, or the body's own (too large): the reader raises it
             self._fail(exc)
 
     async def _drain(self) -> None:
