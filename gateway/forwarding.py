@@ -13,13 +13,9 @@ from starlette.types import Scope
 
 from exports_common.connection_limits import networks
 
+# forwarding headers: these names, and any name with this prefix (lower-cased, `_` read as `-`)
 FORWARDING = frozenset({"forwarded", "x-real-ip"})
 FORWARDING_PREFIX = "x-forwarded-"
-
-
-def is_forwarding(name: str) -> bool:
-    """`name` lower-cased with `_` read as `-` (some servers behind us merge the two spellings)."""
-    return name in FORWARDING or name.startswith(FORWARDING_PREFIX)
 
 
 class TrustedProxies:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gateway import telemetry
 from gateway.context import RequestContext
-from gateway.forwarding import TrustedProxies, is_forwarding
+from gateway.forwarding import FORWARDING, FORWARDING_PREFIX, TrustedProxies
 
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
@@ -23,7 +23,8 @@ GATEWAY_OWNED = frozenset({
 
 
 _DROPPED_UPSTREAM = HOP_BY_HOP | GATEWAY_OWNED
-_DROPPED_CLIENT = HOP_BY_HOP | {"date", "server"}
+# the gateway's own server adds date and server; the upstream's content-length stays (a streamed body keeps it)
+_DROPPED_CLIENT = (HOP_BY_HOP | {"date", "server"}) - {"content-length"}
 
 
 def _dropped(headers: list[tuple[str, str]], always: frozenset[str]) -> frozenset[str]:
@@ -40,34 +41,40 @@ def upstream_headers(ctx: RequestContext, trusted: TrustedProxies) -> list[tuple
     """
     scope = ctx.request.scope
     incoming = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
+    drop = _dropped(incoming, _DROPPED_UPSTREAM)
     # a header the context sets replaces the client's (a call of the gateway's own sets its content-type)
-    drop = _dropped(incoming, _DROPPED_UPSTREAM) | ctx.upstream_headers.keys()
+    own = ctx.upstream_headers
     from_proxy = trusted.trusts(scope)
-    out, chain = [], ""
+    out, chain, host = [], "", None
     for key, value in incoming:
         name = key.replace("_", "-")
-        if name in drop or (is_forwarding(name) and not from_proxy):
+        if name in drop or name in own:
+            if host is None and name == "host":
+                host = value
+            continue
+        if not from_proxy and (name in FORWARDING or name.startswith(FORWARDING_PREFIX)):
             continue
         if name == "x-forwarded-for":
             chain = f"{value}, "
             continue
         out.append((key, value))
-    client = ctx.request.client
+    client = scope.get("client")
     out += [
-        ("x-forwarded-for", chain + (client.host if client else "")),
+        ("x-forwarded-for", chain + (client[0] if client else "")),
         ("x-request-id", ctx.request_id),
     ]
     if not from_proxy:
         out += [("x-forwarded-proto", scope.get("scheme", "http")),
-                ("x-forwarded-host", ctx.request.headers.get("host", ""))]
-    out += list(ctx.upstream_headers.items())
+                ("x-forwarded-host", host or "")]
+    out += own.items()
     carrier: dict[str, str] = {}
     telemetry.inject(carrier)
-    out += list(carrier.items())
+    out += carrier.items()
     return out
 
 
 def client_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    # the gateway's own server adds date and server
-    drop = _dropped(headers, _DROPPED_CLIENT) - {"content-length"}
+    drop = _dropped(headers, _DROPPED_CLIENT)
+    if "content-length" in drop:  # named by the upstream's Connection header: it still describes the body
+        drop = drop - {"content-length"}
     return [(k, v) for k, v in headers if k not in drop]

@@ -6,9 +6,8 @@ client, and forwarding headers only from a trusted proxy.
 """
 from __future__ import annotations
 
-import asyncio
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable
 
 from opentelemetry import trace
 
@@ -19,7 +18,7 @@ from gateway.response import GatewayResponse
 from gateway.services import Services, Upstream
 from gateway.upstream import Endpoint, Timeouts, UpstreamError
 
-# the socket timeouts, cut to the deadline, normally fire first; this only catches a slow drip
+# the socket timeouts, cut to the deadline, normally fire first; the deadline itself catches a slow drip
 DEADLINE_SLACK_SEC = 0.25
 
 
@@ -65,20 +64,15 @@ class Proxy:
         left = ctx.deadline - time.monotonic()
         if left <= 0:
             raise UpstreamError("timeout", "the request's total time ran out before this try")
-        return Timeouts(connect=min(timeouts.connect, left), read=min(timeouts.read, left))
+        # each read is bounded by `read`; the deadline bounds the try as a whole (a slow drip, a wait for the pool)
+        return Timeouts(connect=min(timeouts.connect, left), read=min(timeouts.read, left),
+                        deadline=ctx.deadline + DEADLINE_SLACK_SEC)
 
-    async def _send(self, ctx: RequestContext, url: str, body: bytes | LimitedBody | None) -> GatewayResponse:
+    def _send(self, ctx: RequestContext, url: str, body: bytes | LimitedBody | None) -> Awaitable[GatewayResponse]:
+        """The try's call, to await (not a coroutine of its own: one frame less per call)."""
         timeouts = self._timeouts(ctx)
         headers = upstream_headers(ctx, self.services.trusted_proxies)
-        send = self.services.client.request(ctx.method, url, headers, body, timeouts)
-        if ctx.deadline is None:
-            return await send
-        try:
-            # socket timeouts bound each read; this bounds the try as a whole to the request's deadline
-            async with asyncio.timeout_at(ctx.deadline + DEADLINE_SLACK_SEC):
-                return await send
-        except TimeoutError as exc:
-            raise UpstreamError("timeout", "no answer within the route's total time") from exc
+        return self.services.client.request(ctx.method, url, headers, body, timeouts)
 
     async def _send_to(self, ctx: RequestContext, endpoint: Endpoint, url: str,
                        body: bytes | LimitedBody | None) -> GatewayResponse:

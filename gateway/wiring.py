@@ -20,12 +20,12 @@ from exports_common.signing import DownloadSigner
 from gateway import config_watch, telemetry, worker_metrics
 from gateway.breakers import Breakers
 from gateway.config import GatewayConfig
+from gateway.http_client import HttpClient
 from gateway.limiter import Limiter
 from gateway.plugin_registry import registry
 from gateway.runtime import Runtime, build_runtime, upstreams_of
 from gateway.services import Services, State, open_redis
 from gateway.tenants import TenantDirectory
-from gateway.upstream import AiohttpUpstream
 
 log = logging.getLogger("gateway")
 
@@ -112,7 +112,7 @@ def open_services(config: GatewayConfig) -> Services:
     redis = open_redis(config.redis_url)
     pool = max(u.pool_size for u in config.upstreams.values())
     return Services(
-        client=AiohttpUpstream(pool), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
+        client=HttpClient(pool), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
         signer=DownloadSigner(config.download_signing.secrets, config.download_signing.max_link_ttl_sec),
         upstreams=upstreams_of(config, metrics),
         state=State(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
