@@ -18,6 +18,7 @@ import socket
 import struct
 import threading
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
@@ -363,6 +364,32 @@ async def test_an_endless_chunked_body_streams_in_bounded_pieces_and_release_fre
         resp.close()
         await poll(lambda: server.closed == 1, "the endless answer's connection to close")
         assert await outcome(client, server.url) == (200, b"second")
+
+
+@pytest.mark.xfail(strict=True, reason="each chunk of the body is kept as its own bytes object until read: an "
+                   "answer read whole (GatewayResponse.read, for the JSON plugins) in 1-byte chunks costs ~60 bytes of "
+                   "memory per byte of body (a 10 MB document, 600 MB), where HIGH_WATER and the body size suggest ~1")
+@attack
+async def test_a_body_in_tiny_chunks_read_whole_keeps_memory_near_its_size() -> None:
+    size = 256 * 1024
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(size // 1024):
+            writer.write(b"1\r\nj\r\n" * 1024)
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+
+    async with RawServer(serve) as server, client_of() as client:
+        tracemalloc.start()
+        try:
+            resp = await client.request("GET", server.url, [], None, QUICK)
+            assert await resp.read() == b"j" * size
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 8 * size, f"{peak >> 10} KiB at the peak for a {size >> 10} KiB body"
 
 
 @attack
