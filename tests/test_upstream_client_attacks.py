@@ -28,7 +28,7 @@ import pytest
 from gateway.http_client import HIGH_WATER, HttpClient
 from gateway.upstream import Body, Timeouts, UpstreamError
 from tests.conftest import DEMO_KEY, gateway_config
-from tests.procs import Service, wait_until
+from tests.procs import Service, free_port, wait_until
 from tests.test_upstream_client import (
     QUICK,
     Handler,
@@ -698,6 +698,26 @@ async def test_pool_bound_under_concurrency_and_waiters_not_stranded_by_a_failin
 
 
 @attack
+async def test_refused_connects_under_load_leak_no_slot_and_the_upstream_coming_back_is_used() -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    async with client_of(2) as client:
+        refused = await asyncio.gather(*[outcome(client, url) for _ in range(20)])
+        assert refused == ["connect_error"] * 20
+        ok = serving(answer(), answer())
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                await ok(reader, writer)
+
+        server = await asyncio.start_server(serve, "127.0.0.1", port)  # the upstream is back, on the same port
+        try:
+            assert await asyncio.gather(*[outcome(client, url) for _ in range(20)]) == [(200, b"ok")] * 20
+        finally:
+            server.close()
+
+
+@attack
 async def test_failures_are_classified_for_retry_and_breaker() -> None:
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"SSH-2.0-OpenSSH_9.6\r\n")  # at once: to a request, and to a TLS handshake
@@ -926,3 +946,25 @@ def test_gateway_never_sends_a_split_header_upstream(gateway_on_raw: tuple[Servi
         status = sock.recv(65536).split(b" ", 2)[1]
     assert all(b"x-evil" not in head.lower() for head in upstream.heads)
     assert status in (b"200", b"400"), f"bad input answered {status!r}"
+
+
+@pytest.mark.parametrize("answer_bytes", [
+    b"SSH-2.0-OpenSSH_9.6\r\n",
+    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\nok",
+    pytest.param(b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n",
+                 marks=pytest.mark.xfail(strict=True, reason="the client hands an unasked 101 over as a complete "
+                                         "answer: the gateway relays '101 Switching Protocols' to its client")),
+], ids=["garbage", "length-and-chunked", "switching-protocols"])
+def test_gateway_answers_a_broken_upstream_with_a_502_envelope(gateway_on_raw: tuple[Service, ThreadedUpstream],
+                                                               answer_bytes: bytes) -> None:
+    gateway, upstream = gateway_on_raw
+
+    async def broken(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(answer_bytes)
+        await writer.drain()
+        writer.close()
+
+    upstream.handlers["/broken"] = broken
+    with httpx.Client(timeout=5) as client:
+        resp = client.get(f"{gateway.url}/raw/broken", headers=AUTH)
+    assert resp.status_code == 502 and resp.json()["code"] != 0, (resp.status_code, resp.text[:200])
