@@ -856,6 +856,9 @@ def gateway_on_raw(module_services: Callable[..., Service],
         config["upstreams"]["raw"] = {"url": upstream.url, "pool_size": 4, "timeouts": {"connect": 1, "read": 2}}
         config["routes"].append({"name": "raw", "path": "/raw/{rest}", "methods": ["GET"], "upstream": "raw",
                                  "rewrite": "/{rest}", "plugins": ["auth"]})
+        config["routes"].append({"name": "raw-timed", "path": "/timed/{rest}", "methods": ["GET"], "upstream": "raw",
+                                 "rewrite": "/{rest}",
+                                 "plugins": ["auth", {"timeout": {"connect": 1, "read": 2, "total": 1}}]})
         yield module_services("gateway", config, name="gateway-raw"), upstream
 
 
@@ -968,3 +971,23 @@ def test_gateway_answers_a_broken_upstream_with_a_502_envelope(gateway_on_raw: t
     with httpx.Client(timeout=5) as client:
         resp = client.get(f"{gateway.url}/raw/broken", headers=AUTH)
     assert resp.status_code == 502 and resp.json()["code"] != 0, (resp.status_code, resp.text[:200])
+
+
+def test_gateway_cuts_a_dripping_head_at_the_routes_total_time(
+        gateway_on_raw: tuple[Service, ThreadedUpstream]) -> None:
+    gateway, upstream = gateway_on_raw
+
+    async def drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(50):  # a header line every 0.2 s: the per-read timeout (2 s) never fires
+            await asyncio.sleep(0.2)
+            writer.write(b"x-drip: 1\r\n")
+            await writer.drain()
+
+    upstream.handlers["/drip"] = drip
+    closed_before = upstream.closed
+    started = time.monotonic()
+    with httpx.Client(timeout=10) as client:
+        resp = client.get(f"{gateway.url}/timed/drip", headers=AUTH)
+    assert resp.status_code == 504 and time.monotonic() - started < 4, (resp.status_code, resp.text[:200])
+    wait_until(lambda: upstream.closed > closed_before, 5, what="the gateway to close the dripping connection")
