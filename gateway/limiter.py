@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.exceptions import RedisError
 
@@ -63,8 +63,9 @@ class Quota:
         return Quota(self.per_sec / processes, max(1, self.burst // processes))
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
+    """Immutable as a frozen dataclass, made for a fifth of its cost (every request makes one)."""
+
     allowed: bool
     remaining: int
     retry_after: float  # seconds until one more request would be admitted; 0 when this one was
