@@ -55,8 +55,11 @@ class GatewayResponse:
 
     def set_header(self, name: str, value: str) -> None:
         name = name.lower()
-        if any(k == name for k, _ in self.headers):
-            self.headers = [(k, v) for k, v in self.headers if k != name]
+        # a plain loop: any() over a generator cost a new header (the common case) twice as much
+        for k, _ in self.headers:
+            if k == name:
+                self.headers = [(k, v) for k, v in self.headers if k != name]
+                break
         self.headers.append((name, value))
 
     @property
