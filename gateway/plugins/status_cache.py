@@ -103,7 +103,7 @@ class StatusCache(PluginBase[StatusCacheSettings]):
         if decoded is None or decoded[0] != raw:
             if len(self._decoded) >= DECODED_ENTRIES:
                 self._decoded.clear()
-            decoded = self._decoded[key] = (raw, _answer(raw, "HIT"))
+            decoded = self._decoded[key] = (raw, _answer(raw, "HIT").prepare())
         return decoded[1].copy()
 
     async def _fetch(self, ctx: RequestContext, key: str) -> bytes:
