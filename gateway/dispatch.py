@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.types import Scope
 
 from exports_common.errors import ApiError, ErrorKind, unavailable
-from exports_common.jsonlog import request_id_var, task_id_var, trace_id_var
+from exports_common.jsonlog import request_ids_var
 from exports_common.redis_client import store_unavailable
 from gateway import access_log
 from gateway.context import RequestContext
@@ -55,7 +55,8 @@ def refuse_headers(runtime: Runtime, scope: Scope) -> GatewayResponse | None:
 
 
 async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
-    method, path = request.method, request.scope["path"]
+    scope = request.scope
+    method, path = scope["method"], scope["path"]
     match = runtime.router.match(method, path)
     if isinstance(match, list):
         if match:
@@ -63,19 +64,20 @@ async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
                 ApiError(ErrorKind.METHOD_NOT_ALLOWED, headers={"Allow": ", ".join(match)}))
         return GatewayResponse.error(ApiError(ErrorKind.NOT_FOUND, f"no route for {path}"))
     route = match.route
-    supplied = request.headers.get("x-request-id", "")
+    headers = request.headers
+    supplied = headers.get("x-request-id")
     ctx = RequestContext(
         request=request, method=method, route_name=route.name, upstream=route.upstream,
         upstream_path=match.upstream_path(path), params=match.params,
-        request_id=supplied if _REQUEST_ID.match(supplied) else f"{random.getrandbits(128):032x}",
+        request_id=supplied if supplied and _REQUEST_ID.match(supplied) else f"{random.getrandbits(128):032x}",
     )
     services = runtime.services
     started = time.perf_counter()
-    request_id_var.set(ctx.request_id)
-    with services.tracing.server(f"{method} {route.path}", request.headers,
+    with services.tracing.server(f"{method} {route.path}", headers,
                                  {"http.route": route.path, "gateway.route": route.name},
-                                 request.scope.get("client")) as request_trace:
-        trace_id_var.set(request_trace.trace_id)
+                                 scope.get("client")) as request_trace:
+        request_ids_var.set({"request_id": ctx.request_id, "trace_id": request_trace.trace_id,
+                             "task_id": match.params.get("task_id")})
         resp = await _run_chain(runtime, ctx)
         request_trace.span.set_attribute("http.response.status_code", resp.status)
     for name, value in ctx.response_headers.items():
@@ -89,7 +91,6 @@ async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
 
 
 async def _run_chain(runtime: Runtime, ctx: RequestContext) -> GatewayResponse:
-    token = task_id_var.set(ctx.params.get("task_id"))
     try:
         return await runtime.chains[ctx.route_name](ctx)
     except ApiError as exc:
@@ -107,8 +108,6 @@ async def _run_chain(runtime: Runtime, ctx: RequestContext) -> GatewayResponse:
             return GatewayResponse(CLIENT_CLOSED)
         log.exception("request failed inside the gateway", extra={"route": ctx.route_name})
         return GatewayResponse.error(ApiError(ErrorKind.INTERNAL))
-    finally:
-        task_id_var.reset(token)
 
 
 def _client_went_away(exc: BaseException | None) -> bool:
