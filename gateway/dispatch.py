@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Scope
 
+from exports_common.connection_limits import HEADER_BYTES_BOUND
 from exports_common.errors import ApiError, ErrorKind, unavailable
 from exports_common.jsonlog import request_ids_var
 from exports_common.redis_client import store_unavailable
@@ -48,7 +49,9 @@ def upstream_error(exc: UpstreamError) -> GatewayResponse:
 
 def refuse_headers(runtime: Runtime, scope: Scope) -> GatewayResponse | None:
     limit = runtime.config.max_header_bytes
-    if sum(len(k) + len(v) for k, v in scope["headers"]) <= limit:
+    # the server's bound (exports_common.connection_limits) spares adding the headers up when it is within the limit
+    bound = scope.get(HEADER_BYTES_BOUND)
+    if (bound is not None and bound <= limit) or sum(len(k) + len(v) for k, v in scope["headers"]) <= limit:
         return None
     return GatewayResponse.error(ApiError(ErrorKind.HEADERS_TOO_LARGE, f"request headers must total at most "
                                                                        f"{limit} bytes"))
