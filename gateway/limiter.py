@@ -80,7 +80,9 @@ def gcra(tat: float, now: float, quota: Quota) -> tuple[Decision, float | None]:
     new_tat = tat + interval
     if new_tat - now > tolerance:
         return Decision(False, 0, new_tat - tolerance - now, tat - now), None
-    return Decision(True, math.floor((tolerance - (new_tat - now)) / interval + 1e-9), 0.0, new_tat - now), new_tat
+    # tuple.__new__: the admitted decision, made for every request, without NamedTuple's __new__ frame
+    return tuple.__new__(Decision, (True, math.floor((tolerance - (new_tat - now)) / interval + 1e-9), 0.0,
+                                    new_tat - now)), new_tat
 
 
 # a bucket of this process: (tag, limit), cheaper to make than the Redis key and meaningful only here
