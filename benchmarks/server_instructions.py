@@ -6,9 +6,12 @@ each server runs under `valgrind --tool=callgrind` (instrumented only once it an
 and a client outside it sends N and then 5N keep-alive requests over real sockets
 (`--connections` at once, as wrk does), each window's counts zeroed before and dumped
 after; the difference divided by 4N is one request, independent of the machine's load.
-The predicted wall-clock ratio is bare / gateway instructions per request.
+The predicted wall-clock ratio is bare / gateway instructions per request. `--without P` also
+counts the gateway with plugin P dropped from every route; `--before DIR` an earlier checkout's
+gateway (its own .venv) the same way.
 
 Run: python -m benchmarks.server_instructions [--requests 300] [--connections 8] [--without rate_limit]
+                                              [--before DIR]
 """
 from __future__ import annotations
 
@@ -53,8 +56,22 @@ def _control(pid: int, *args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True, timeout=120)
 
 
+def long_ttl(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with an hour's status cache TTL: at callgrind's pace a 5 s one turns hits into misses."""
+    return config | {"routes": [route | {"plugins": [
+        {"status_cache": {"ttl_sec": 3600}} if isinstance(p, dict) and "status_cache" in p else p
+        for p in route["plugins"]]} for route in config["routes"]]}
+
+
+def without(config: dict[str, Any], plugin: str) -> dict[str, Any]:
+    """`config` with `plugin` dropped from every route."""
+    return config | {"routes": [route | {"plugins": [
+        p for p in route["plugins"] if (p if isinstance(p, str) else next(iter(p))) != plugin]}
+        for route in config["routes"]]}
+
+
 def per_request(module: str, config: dict[str, Any], path: str, headers: dict[str, str], n: int,
-                connections: int, workdir: Path) -> float:
+                connections: int, workdir: Path, root: Path = ROOT) -> float:
     """One server's instructions per request: windows of N and 5N requests, the difference over 4N."""
     config = config | {"port": free_port()}
     config_file = workdir / f"{module}-{config['port']}.yaml"
@@ -62,8 +79,8 @@ def per_request(module: str, config: dict[str, Any], path: str, headers: dict[st
     out = workdir / f"{module}.callgrind"
     proc = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-         str(ROOT / ".venv" / "bin" / "python"), "-m", module, "run", "--config", str(config_file)],
-        cwd=ROOT, env=os.environ | RAISED_LIMITS, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         str(root / ".venv" / "bin" / "python"), "-m", module, "run", "--config", str(config_file)],
+        cwd=root, env=os.environ | RAISED_LIMITS, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     request = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{config['port']}\r\n"
                + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
     try:
@@ -89,6 +106,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--without", action="append", default=[], metavar="PLUGIN",
                         help="also measure the gateway with this plugin dropped from every route")
+    parser.add_argument("--before", type=Path, help="also measure an earlier checkout's gateway")
     args = parser.parse_args()
     with processes() as procs, tempfile.TemporaryDirectory(prefix="server-instructions-") as tmp:
         backend = procs.start("backend_stub", backend_config(procs.workdir), "backend")
@@ -98,21 +116,17 @@ def main() -> None:
         body_file = Path(tmp) / "hit.json"
         body_file.write_bytes(httpx.get(gateway.url + path, headers=AUTH).content)
         gateway.stop()
-        # as bench_gateway runs it, but a long TTL: at callgrind's pace a 5 s one turns hits into misses
-        measured = gateway_config(procs.workdir, backend.url, log_level="warning")
-        for route in measured["routes"]:
-            route["plugins"] = [{"status_cache": {"ttl_sec": 3600}} if isinstance(p, dict) and "status_cache" in p
-                                else p for p in route["plugins"]]
+        measured = long_ttl(gateway_config(procs.workdir, backend.url, log_level="warning"))
         bare = per_request("benchmarks.reference_servers", {"kind": "bare", "body_file": str(body_file)},
                            path, {}, args.requests, args.connections, Path(tmp))
-        print(f"bare Starlette:            {bare:9,.0f} instructions per request")
-        for dropped in [None, *args.without]:
-            config = measured if dropped is None else measured | {"routes": [
-                route | {"plugins": [p for p in route["plugins"] if (p if isinstance(p, str) else next(iter(p)))
-                                     != dropped]} for route in measured["routes"]]}
-            ours = per_request("gateway", config, path, AUTH, args.requests, args.connections, Path(tmp))
-            label = "gateway" if dropped is None else f"gateway without {dropped}"
-            print(f"{label + ':':<27}{ours:9,.0f} instructions per request   predicted ratio {bare / ours:.2f}")
+        print(f"{'bare Starlette:':<36}{bare:9,.0f} instructions per request")
+        runs = [("gateway", measured, ROOT)] + [(f"gateway without {p}", without(measured, p), ROOT)
+                                                for p in args.without]
+        if args.before:
+            runs.append((f"gateway before ({args.before})", measured, args.before.resolve()))
+        for label, config, root in runs:
+            ours = per_request("gateway", config, path, AUTH, args.requests, args.connections, Path(tmp), root)
+            print(f"{label + ':':<36}{ours:9,.0f} instructions per request   predicted ratio {bare / ours:.2f}")
 
 
 if __name__ == "__main__":
