@@ -12,6 +12,7 @@ import random
 import re
 import time
 
+from opentelemetry.trace import INVALID_SPAN
 from redis.exceptions import RedisError
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Scope
@@ -83,7 +84,8 @@ async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
         request_ids_var.set({"request_id": ctx.request_id, "trace_id": request_trace.trace_id,
                              "task_id": match.params.get("task_id")})
         resp = await _run_chain(runtime, ctx)
-        request_trace.span.set_attribute("http.response.status_code", resp.status)
+        if request_trace.span is not INVALID_SPAN:  # an unsampled request's span records nothing: no call
+            request_trace.span.set_attribute("http.response.status_code", resp.status)
     for name, value in ctx.response_headers.items():
         resp.set_header(name, value)
     resp.set_header("x-request-id", ctx.request_id)

@@ -157,7 +157,8 @@ class GatewayResponse:
                 return
             await send({"type": "http.response.body", "body": b""})
         finally:
-            self.close()
+            if self.release is not None:  # most answers have nothing to release: no call for them
+                self.close()
 
 
 def loads(raw: bytes) -> Any:
