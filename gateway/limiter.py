@@ -64,7 +64,7 @@ class Quota:
 
 
 class Decision(NamedTuple):
-    """Immutable as a frozen dataclass, made for a fifth of its cost (every request makes one)."""
+    """Immutable as a frozen dataclass, made for less than half its cost (every limited request makes one)."""
 
     allowed: bool
     remaining: int
