@@ -89,7 +89,7 @@ async def run(url: str, seconds: float) -> None:
     local = LocalBuckets()
 
     async def local_check() -> bool:
-        return local.hit("bench", QUOTA).allowed
+        return local.hit(("bench", "requests"), QUOTA).allowed
 
     print(f"in process GCRA (no Redis)        {await cost_us(local_check):7.1f} us/check")
     candidates: dict[str, Callable[[str, Quota], Check | None]] = {

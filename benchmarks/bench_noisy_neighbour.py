@@ -9,13 +9,15 @@ The gateway runs the shipped limits (20 submits/s, bursts of 100, per tenant). I
    runs its shipped refusal_hold (a flood's 429s answered 0.5 s later); `--no-hold` turns it off;
 3. (measured first, before any flood) the limiter's cost on the cache-hit path: a status poll
    answered from the cache by a gateway with the rate_limit plugin on every route and by one
-   without it, each pinned to a core with wrk on the other (goal: with / without >= 0.95).
+   without it, each pinned to a core with wrk on the other, in alternated rounds, the median of
+   each (goal: with / without >= 0.95); next to it the same two gateways' instructions per hit
+   (benchmarks/server_instructions.py: server and app under callgrind), which load does not move.
 
 The backend takes tasks in fair turns across tenants, so A's admitted backlog does not delay B's
 beyond the task running when B submits; with `scheduler.default_max_running: 1` on its 2 workers
 (as the README advises: a cap below the workers) one worker is always free for the other tenant.
 
-Run: python -m benchmarks.bench_noisy_neighbour [--seconds 10] [--redis] [--no-hold]
+Run: python -m benchmarks.bench_noisy_neighbour [--seconds 10] [--rounds 5] [--redis] [--no-hold]
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import httpx
 from benchmarks import wrk
 from benchmarks.bench_gateway import best_of
 from benchmarks.harness import LOAD_CPU, Processes, pin, processes, submit_and_wait
+from benchmarks.server_instructions import long_ttl, per_request, without
 from tests.conftest import DEMO2_KEY, DEMO_KEY, RAISED_LIMITS, backend_config, gateway_config
 from tests.procs import RedisServer
 
@@ -79,48 +82,54 @@ def steady_b(url: str, seconds: float, per_sec: float = 4.0) -> tuple[list[float
     return latencies, started, refused
 
 
-def limiter_cost(procs: Processes, backend_url: str, redis_url: str, seconds: float) -> tuple[float, float]:
-    """Cache-hit polls per second with the rate_limit plugin and without it (limits raised: nothing refused).
+def limiter_cost(procs: Processes, backend_url: str, redis_url: str, seconds: float, rounds: int
+                 ) -> tuple[float, float, float, float]:
+    """Cache-hit polls per second with the rate_limit plugin and without it (limits raised: nothing refused),
+    and the instructions per hit of each.
 
     Both gateways run side by side, each pinned to the server core while measured, in alternating
-    rounds (with, without, with, without), and the best round of each counts.
+    rounds (with, without, with, without, ...): the median of each counts, so one round that another
+    process slowed moves neither. Then each configuration runs under callgrind.
     """
     with_limits = gateway_config(procs.workdir, backend_url, redis_url, log_level="warning")
-    without = gateway_config(procs.workdir, backend_url, redis_url, log_level="warning")
-    for route in without["routes"]:
-        route["plugins"] = [p for p in route["plugins"] if not (isinstance(p, dict) and "rate_limit" in p)]
-    urls = []
-    for name, config in (("with", with_limits), ("without", without)):
+    without_limits = without(with_limits, "rate_limit")
+    urls, paths = [], []
+    for name, config in (("with", with_limits), ("without", without_limits)):
         gateway = procs.start("gateway", config, f"gateway-{name}-limits", env=RAISED_LIMITS)
         done = submit_and_wait(gateway.url, {"export_type": "report_export"}, {"COMPLETED"})
         pin(gateway)
         urls.append(f"{gateway.url}/api/v1/exports/{done}")
-    best = [0.0, 0.0]
-    for _ in range(2):
+        paths.append(f"/api/v1/exports/{done}")
+    rates: list[list[float]] = [[], []]
+    for _ in range(rounds):
         for i, url in enumerate(urls):
-            best[i] = max(best[i], best_of(1, url, seconds, A, cpu=LOAD_CPU).rps)
-    return best[0], best[1]
+            rates[i].append(best_of(1, url, seconds, A, cpu=LOAD_CPU).rps)
+    counted = [per_request("gateway", long_ttl(config), path, A, 300, 8, procs.workdir)
+               for config, path in ((with_limits, paths[0]), (without_limits, paths[1]))]
+    return statistics.median(rates[0]), statistics.median(rates[1]), counted[0], counted[1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--rounds", type=int, default=5, help="alternated rounds of the limiter's cost")
     parser.add_argument("--redis", action="store_true", help="limits shared through a private redis-server")
     parser.add_argument("--no-hold", action="store_true", help="answer every 429 at once (refusal_hold off)")
     args = parser.parse_args()
     with processes() as procs:
         redis = RedisServer(procs.workdir).start() if args.redis else None
         try:
-            run(procs, redis.url if redis else "", args.seconds, hold=not args.no_hold)
+            run(procs, redis.url if redis else "", args.seconds, args.rounds, hold=not args.no_hold)
         finally:
             if redis is not None:
                 redis.stop()
 
 
-def run(procs: Processes, redis_url: str, seconds: float, hold: bool) -> None:
+def run(procs: Processes, redis_url: str, seconds: float, rounds: int, hold: bool) -> None:
     backend = procs.start("backend_stub", backend_config(procs.workdir, export_types=TYPES, log_level="warning",
                                                          workers=2, scheduler={"default_max_running": 1}), "backend")
-    hit_with, hit_without = limiter_cost(procs, backend.url, redis_url, min(seconds, 8))
+    hit_with, hit_without, counted_with, counted_without = limiter_cost(procs, backend.url, redis_url,
+                                                                        min(seconds, 8), rounds)
     config = gateway_config(procs.workdir, backend.url, redis_url, log_level="warning")
     if not hold:
         config["refusal_hold"] = {"hold_sec": 0}
@@ -148,7 +157,9 @@ def run(procs: Processes, redis_url: str, seconds: float, hold: bool) -> None:
     print(f"B time-to-start p99   alone {p99(alone_start):6.2f} s   with A flooding {p99(noisy_start):6.2f} s   "
           f"ratio {p99(noisy_start) / p99(alone_start):.2f} (goal <= 2)")
     print(f"cache-hit poll  with rate_limit {hit_with:7.0f} req/s   without {hit_without:7.0f} req/s   "
-          f"ratio {hit_with / hit_without:.2f} (goal >= 0.95)")
+          f"ratio {hit_with / hit_without:.2f} (goal >= 0.95; medians of {rounds} alternated rounds)")
+    print(f"cache-hit poll  with rate_limit {counted_with:7,.0f} instructions   without {counted_without:7,.0f}   "
+          f"ratio {counted_without / counted_with:.2f} (server and app under callgrind)")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,12 @@ def instructions(argv: list[str], env: dict[str, str]) -> int:
                              capture_output=True, text=True, env=os.environ | env)
         if run.returncode != 0:
             raise RuntimeError(f"the driven process failed:\n{run.stderr[-3000:]}")
-        for line in Path(out.name).read_text().splitlines():
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1])
-    raise RuntimeError("callgrind wrote no totals")
+        return totals(Path(out.name))
+
+
+def totals(dump: Path) -> int:
+    """The instructions a callgrind output file counts."""
+    for line in dump.read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"callgrind wrote no totals in {dump}")

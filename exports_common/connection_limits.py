@@ -12,6 +12,11 @@ subclasses that protocol (keeping its speed, see benchmarks/RESULTS.md) to add:
   reading it) closes the connection; the app sees the client disconnect;
 - at most `max_connections` connections per process: the next one gets 503 and close;
 - a request that is not valid HTTP gets a 400 envelope, not uvicorn's plain text.
+
+It also tells the app an upper bound of each request's header size (`HEADER_BYTES_BOUND`
+in the scope: the bytes read since the previous request's headers, up to and including
+this one's), so the app's own exact check need not add the headers up when the bound is
+already within its limit.
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ from exports_common.errors import ApiError, ErrorKind
 
 # the request line (method, path and query) may add this much to the header limit
 REQUEST_LINE_ALLOWANCE = 8192
+# the scope key of the bound: at least the sum of the lengths of the request's header names and values
+HEADER_BYTES_BOUND = "exports.header_bytes_bound"
 
 
 class _TooManyHeaders(Exception):
@@ -64,10 +71,12 @@ def _refusal(kind: ErrorKind, message: str, extra: bytes = b"") -> bytes:
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     limits: ConnectionLimits = ConnectionLimits()
     max_header_bytes: int = 16384
+    max_headers: int = limits.max_headers  # read for every request: one attribute, not two
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_bytes = 0  # read so far of a header section not yet complete
+        self._reading = 0  # the size of the read being parsed
         self._too_large = False
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
@@ -88,8 +97,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         # The state is judged after the parser has run, from what uvicorn keeps: a scope without
         # a method is a request whose headers are still coming. This way the common case, a whole
-        # request in one read, costs one check and no timer.
-        super().data_received(data)
+        # request in one read, costs one check and no timer. (The base class is named rather than
+        # found through super(): this runs for every read.)
+        self._reading = len(data)
+        HttpToolsProtocol.data_received(self, data)
         if self.transport.is_closing():
             return
         scope = self.scope
@@ -112,11 +123,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._body_timer = None
 
     def on_headers_complete(self) -> None:
-        if len(self.headers) > self.limits.max_headers:
+        if len(self.headers) > self.max_headers:
             # raised through the parser, it comes back to send_400_response, which answers 431
             self._too_large = True
             raise _TooManyHeaders
-        super().on_headers_complete()
+        # every byte of this header section is in the reads counted here (more, when reads held other requests)
+        self.scope[HEADER_BYTES_BOUND] = self._header_bytes + self._reading  # type: ignore[literal-required]
+        HttpToolsProtocol.on_headers_complete(self)
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request it cannot parse: an envelope here, like every other error."""
@@ -172,4 +185,4 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 def bounded_http(limits: ConnectionLimits, max_header_bytes: int) -> type[BoundedHttpToolsProtocol]:
     """The protocol class uvicorn's `http=` takes, with these limits."""
     return type("BoundedHttp", (BoundedHttpToolsProtocol,),
-                {"limits": limits, "max_header_bytes": max_header_bytes})
+                {"limits": limits, "max_header_bytes": max_header_bytes, "max_headers": limits.max_headers})

@@ -12,6 +12,8 @@ task_id_var: ContextVar[str | None] = ContextVar("task_id", default=None)
 trace_id_var: ContextVar[str | None] = ContextVar("trace_id", default=None)
 request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
 _VARS = {"trace_id": trace_id_var, "task_id": task_id_var, "request_id": request_id_var}
+# the ids of the request being answered, set at once (one context variable set per request, not three)
+request_ids_var: ContextVar[dict[str, str | None] | None] = ContextVar("request_ids", default=None)
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "color_message"}
 
@@ -24,8 +26,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        ids = request_ids_var.get() or {}
         for key, var in _VARS.items():
-            value = record.__dict__.get(key) or var.get()
+            value = record.__dict__.get(key) or var.get() or ids.get(key)
             if value:
                 out[key] = value
         out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD and k not in out})

@@ -9,7 +9,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple
 
 import orjson
 from starlette.types import Receive, Scope, Send
@@ -18,6 +18,12 @@ from exports_common.envelope import JSON_TYPE, error_body, ok_body
 from exports_common.errors import ApiError
 
 log = logging.getLogger("gateway")
+
+
+class _Prepared(NamedTuple):
+    headers: list[tuple[str, str]]  # the headers it was encoded from
+    body: bytes
+    raw: list[tuple[bytes, bytes]]  # those headers and the body's length, as sent
 
 
 @dataclass
@@ -30,6 +36,7 @@ class GatewayResponse:
     # the upstream client's own way to read the whole body, cheaper than draining `stream` chunk by chunk
     whole: Callable[[], Awaitable[bytes]] | None = None
     _json: Any = field(default=None, repr=False)
+    _prepared: _Prepared | None = field(default=None, repr=False)
 
     @classmethod
     def envelope(cls, data: Any, status: int = 200, headers: dict[str, str] | None = None) -> GatewayResponse:
@@ -47,7 +54,19 @@ class GatewayResponse:
 
     def copy(self) -> GatewayResponse:
         """A copy whose headers can change; only for an answer whose body is bytes."""
-        return GatewayResponse(self.status, list(self.headers), self.body)
+        resp = GatewayResponse(self.status, list(self.headers), self.body)
+        resp._prepared = self._prepared
+        return resp
+
+    def prepare(self) -> GatewayResponse:
+        """Encode this answer's headers once for all its copies (a cached answer sent again and again).
+
+        A copy sends the encoded bytes while its body and those first headers are
+        unchanged, and encodes only the headers added since (`x-request-id`).
+        """
+        assert self.body is not None, "only an answer whose body is bytes is copied"
+        self._prepared = _Prepared(list(self.headers), self.body, self._raw_headers())
+        return self
 
     def header(self, name: str) -> str | None:
         name = name.lower()
@@ -55,8 +74,11 @@ class GatewayResponse:
 
     def set_header(self, name: str, value: str) -> None:
         name = name.lower()
-        if any(k == name for k, _ in self.headers):
-            self.headers = [(k, v) for k, v in self.headers if k != name]
+        # a plain loop: any() over a generator cost a new header (the common case) twice as much
+        for k, _ in self.headers:
+            if k == name:
+                self.headers = [(k, v) for k, v in self.headers if k != name]
+                break
         self.headers.append((name, value))
 
     @property
@@ -99,12 +121,25 @@ class GatewayResponse:
             self.release()
             self.release = None
 
+    def _raw_headers(self) -> list[tuple[bytes, bytes]]:
+        """The headers as sent: content-length from the body when it is bytes (the upstream's for a stream)."""
+        prepared, headers = self._prepared, self.headers
+        start, length = 0, None
+        if prepared is not None and self.body is prepared.body and headers[:len(prepared.headers)] == prepared.headers:
+            raw, start = prepared.raw.copy(), len(prepared.headers)
+        else:
+            raw = []
+            length = str(len(self.body)) if self.body is not None else self.header("content-length")
+        # a loop, not a comprehension: one header or two to encode are not worth a frame of their own
+        for name, value in headers[start:] if start else headers:
+            if name != "content-length":
+                raw.append((name.encode("latin-1"), value.encode("latin-1")))
+        if length is not None:
+            raw.append((b"content-length", length.encode()))
+        return raw
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self.headers if k != "content-length"]
-        if self.body is not None:
-            headers.append((b"content-length", str(len(self.body)).encode()))
-        elif (length := self.header("content-length")) is not None:
-            headers.append((b"content-length", length.encode()))
+        headers = self._raw_headers()
         head_only = scope.get("method") == "HEAD"
         try:
             await send({"type": "http.response.start", "status": self.status, "headers": headers})
@@ -122,7 +157,8 @@ class GatewayResponse:
                 return
             await send({"type": "http.response.body", "body": b""})
         finally:
-            self.close()
+            if self.release is not None:  # most answers have nothing to release: no call for them
+                self.close()
 
 
 def loads(raw: bytes) -> Any:

@@ -30,14 +30,14 @@ class Auth(PluginBase[AuthSettings]):
         self.required = settings.required
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        header = ctx.request.headers.get("authorization")
-        if header is None:
+        # the tenant first: rate_limit has usually resolved it, and a valid key needs no second header lookup
+        tenant = self.services.tenants.caller(ctx)
+        if tenant is None:
+            if ctx.request.headers.get("authorization") is not None:
+                raise ApiError(ErrorKind.UNAUTHORIZED, "the API key is not valid", headers=_CHALLENGE)
             if self.required:
                 raise ApiError(ErrorKind.UNAUTHORIZED, headers=_CHALLENGE)
             return await self.next(ctx)
-        tenant = self.services.tenants.caller(ctx)
-        if tenant is None:
-            raise ApiError(ErrorKind.UNAUTHORIZED, "the API key is not valid", headers=_CHALLENGE)
         ctx.tenant = tenant
         ctx.upstream_headers["x-tenant-id"] = tenant
         return await self.next(ctx)

@@ -66,6 +66,7 @@ class StatusCache(PluginBase[StatusCacheSettings]):
         super().__init__(next, settings, services, route)
         self.terminal = frozenset(settings.terminal_statuses)
         self.store = _store(services)
+        self.param = settings.param
         self.lookups = _lookups(services)
         for result in ("hit", "miss", "coalesced"):
             self.lookups.seed(self.route, result)
@@ -81,11 +82,14 @@ class StatusCache(PluginBase[StatusCacheSettings]):
                                  "coalesced": lookups.total(result="coalesced")}}
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        key = ctx.tenant_key(self.settings.param)
+        key = ctx.tenant_key(self.param)
         raw = await self.store.get(key)
         if raw is not None:
             self.lookups.add(self.route, "hit")
-            return self._hit(key, raw)
+            decoded = self._decoded.get(key)
+            if decoded is None or decoded[0] != raw:
+                decoded = self._decode(key, raw)
+            return decoded[1].copy()
         while (leader := self._in_flight.get(key)) is not None:
             try:
                 shared = await asyncio.shield(leader)
@@ -98,13 +102,12 @@ class StatusCache(PluginBase[StatusCacheSettings]):
         self.lookups.add(self.route, "miss")
         return _answer(await self._fetch(ctx, key), "MISS")
 
-    def _hit(self, key: str, raw: bytes) -> GatewayResponse:
-        decoded = self._decoded.get(key)
-        if decoded is None or decoded[0] != raw:
-            if len(self._decoded) >= DECODED_ENTRIES:
-                self._decoded.clear()
-            decoded = self._decoded[key] = (raw, _answer(raw, "HIT"))
-        return decoded[1].copy()
+    def _decode(self, key: str, raw: bytes) -> tuple[bytes, GatewayResponse]:
+        """A hit's answer decoded, kept for the hits that follow while the store returns the same bytes."""
+        if len(self._decoded) >= DECODED_ENTRIES:
+            self._decoded.clear()
+        decoded = self._decoded[key] = (raw, _answer(raw, "HIT").prepare())
+        return decoded
 
     async def _fetch(self, ctx: RequestContext, key: str) -> bytes:
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()

@@ -14,9 +14,10 @@ from pydantic import Field
 
 from exports_common.errors import ApiError, ErrorKind
 from exports_common.task_ids import PREFIX_PATTERN, is_task_id, new_task_id
-from gateway.context import RequestContext
-from gateway.plugins.base import Contract, PluginBase, Settings
+from gateway.context import Handler, RequestContext
+from gateway.plugins.base import Contract, PluginBase, RouteInfo, Settings
 from gateway.response import GatewayResponse
+from gateway.services import Services
 
 
 class TaskIdSettings(Settings):
@@ -38,9 +39,14 @@ class TaskId(PluginBase[TaskIdSettings]):
         # generate mints an id only when an earlier plugin fixed none, and every id of the route has one prefix
         return Contract(defaults=frozenset({"task_id"}), agrees=(("task_id_prefix", settings.prefix),))
 
+    def __init__(self, next: Handler, settings: TaskIdSettings, services: Services, route: RouteInfo) -> None:
+        super().__init__(next, settings, services, route)
+        self.check = settings.action == "check"
+        self.param = settings.param
+
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        if self.settings.action == "check":
-            task_id = ctx.params.get(self.settings.param, "")
+        if self.check:
+            task_id = ctx.params.get(self.param, "")
             if not is_task_id(task_id):
                 raise ApiError(ErrorKind.TASK_NOT_FOUND)
             ctx.task_id = task_id
