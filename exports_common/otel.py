@@ -134,11 +134,11 @@ def install(default_service: str, config: TracingConfig) -> Installed:
         if config.exporter == "console":
             processor = SimpleSpanProcessor(ConsoleSpanExporter())
         elif config.exporter == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from exports_common.otlp_exporter import SpanExporter
 
             endpoint = config.endpoint.rstrip("/") + "/v1/traces"
             # batched as OTEL_BSP_SCHEDULE_DELAY and OTEL_BSP_MAX_EXPORT_BATCH_SIZE say (5 s, 512 spans)
-            processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
+            processor = BatchSpanProcessor(SpanExporter(endpoint=endpoint))
         if processor is not None:
             provider.add_span_processor(processor)
         trace.set_tracer_provider(provider)
