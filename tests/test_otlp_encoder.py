@@ -16,12 +16,16 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from exports_common import otlp_encoder
+from exports_common import otel, otlp_encoder
+from exports_common.otel import TracingConfig
+from gateway.tracing import Tracing
 
 text = st.text(max_size=12)
 int64 = st.integers(-(1 << 63), (1 << 63) - 1)
@@ -83,4 +87,22 @@ def test_a_batch_of_many_spans_repeating_attributes() -> None:
                           {"http.route": "/x", "n": n % 3, "flag": bool(n % 2), "one": 1 if n % 2 else True},
                           kind=SpanKind.CLIENT, start_time=n, end_time=n + 1, instrumentation_scope=scopes[1])
              for n in range(600)]
+    assert otlp_encoder.encode(batch) == encode_spans(batch).SerializePartialToString()
+
+
+def test_the_gateways_own_spans_encode_as_the_library_does() -> None:
+    """The gateway's recorded spans (constant dropped counts, attributes read as they are) give the same bytes."""
+    exported = InMemorySpanExporter()
+    installed = otel.Installed(TracerProvider(), SimpleSpanProcessor(exported))
+    tracing = Tracing(installed, TracingConfig(exporter="otlp", sample_ratio=1.0))
+    caller = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "a=b"}
+    for headers in ({}, caller):
+        with tracing.server("GET /x/{id}", headers, {"http.route": "/x/{id}"}, ("127.0.0.1", 1)) as request:
+            with tracing.client("upstream exports", lambda: {"gateway.attempt": 1}) as upstream:
+                upstream.set_status(StatusCode.ERROR, "reset")
+            request.span.set_attribute("http.response.status_code", 502)
+        with tracing.delivery("outbox delivery exports", caller, {"export.task_id": "t"}):
+            pass
+    batch = exported.get_finished_spans()
+    assert len(batch) == 6
     assert otlp_encoder.encode(batch) == encode_spans(batch).SerializePartialToString()
