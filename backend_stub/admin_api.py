@@ -7,6 +7,7 @@ gateway's public routes never forward to them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from typing import Any
@@ -15,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from backend_stub import lifecycle, metrics
+from backend_stub import lifecycle, metrics, tracing
 from backend_stub.models import Task
 from backend_stub.store import Change, TaskStore
 from exports_common.contract import TERMINAL, Status
@@ -36,14 +37,18 @@ def _redeliver(task: Task) -> Task | None:
     return lifecycle.notify(task, time.time())
 
 
-def _rerun(task: Task) -> Task | None:
-    """An operator's re-run: any FAILED or TIMEOUT task, retryable or not, starts again as the next attempt."""
+def _rerun(task: Task, link: dict[str, str]) -> Task | None:
+    """An operator's re-run: any FAILED or TIMEOUT task, retryable or not, starts again as the next attempt.
+
+    The new attempt's run links to the operator's request (`link`), not to what asked for an earlier re-run.
+    """
     if task.status not in (Status.FAILED, Status.TIMEOUT):
         return None
     attempt = task.attempt + 1
+    extra = {k: v for k, v in task.extra.items() if k != "rerun_traceparent"} | link
     return dataclasses.replace(task, status=Status.PENDING, attempt=attempt, base_attempt=attempt, progress=0,
                                current_step=None, started_at=None, finished_at=None, expire_at=None, result=None,
-                               error=None, updated_at=time.time())
+                               error=None, updated_at=time.time(), extra=extra)
 
 
 class AdminApi:
@@ -117,7 +122,9 @@ class AdminApi:
         return ok(_view(await self._change(request.path_params["task_id"], _redeliver, "redeliver")))
 
     async def rerun(self, request: Request) -> Response:
-        return ok(_view(await self._change(request.path_params["task_id"], _rerun, "rerun", enqueue=True)))
+        link = tracing.extra(request.headers.get("traceparent"), "rerun_traceparent")
+        return ok(_view(await self._change(request.path_params["task_id"], functools.partial(_rerun, link=link),
+                                           "rerun", enqueue=True)))
 
     async def redeliver_batch(self, request: Request) -> Response:
         body = parse_json(await read_limited(request.stream(), 65_536, request.headers.get("content-length")),

@@ -99,22 +99,6 @@ def new_trace_bound(config: TracingConfig) -> int:
     return int(TraceIdRatioBased.get_bound_for_rate(config.sample_ratio))
 
 
-class _Resource(Resource):
-    """A resource whose hash is worked out once.
-
-    The OTLP encoder hashes every span's resource (a JSON dump of its attributes) to
-    group the spans of a batch: a fifth of what exporting a span cost. A process's
-    resource never changes.
-    """
-
-    def __init__(self, resource: Resource) -> None:
-        super().__init__(resource.attributes, resource.schema_url)
-        self._hash = super().__hash__()
-
-    def __hash__(self) -> int:
-        return self._hash
-
-
 @dataclass(frozen=True)
 class Installed:
     provider: TracerProvider
@@ -127,18 +111,18 @@ _installed: dict[str, Installed] = {}  # the one provider, once installed
 def install(default_service: str, config: TracingConfig) -> Installed:
     """The process's tracer provider and its span processor, installed once (OpenTelemetry allows one per process)."""
     if "installed" not in _installed:
-        resource = _Resource(Resource.create({"service.name": config.service_name or default_service}))
+        resource = Resource.create({"service.name": config.service_name or default_service})
         chosen = sampler(config) if config.exporter != "none" else ALWAYS_OFF
         provider = TracerProvider(resource=resource, sampler=chosen)
         processor: SpanProcessor | None = None
         if config.exporter == "console":
             processor = SimpleSpanProcessor(ConsoleSpanExporter())
         elif config.exporter == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from exports_common.otlp_exporter import SpanExporter
 
             endpoint = config.endpoint.rstrip("/") + "/v1/traces"
             # batched as OTEL_BSP_SCHEDULE_DELAY and OTEL_BSP_MAX_EXPORT_BATCH_SIZE say (5 s, 512 spans)
-            processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
+            processor = BatchSpanProcessor(SpanExporter(endpoint=endpoint))
         if processor is not None:
             provider.add_span_processor(processor)
         trace.set_tracer_provider(provider)

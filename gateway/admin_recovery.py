@@ -2,7 +2,9 @@
 
 Each endpoint takes the admin token, forwards to the backend's `/internal/`
 endpoints (which only the gateway calls), writes an audit line (logger
-`gateway.audit`) and counts the action in `gateway_operator_actions_total`.
+`gateway.audit`, with the request's trace id) and counts the action in
+`gateway_operator_actions_total`. Each is traced as a request to the gateway is:
+an operator's re-run links back to it, as a TIMEOUT re-run links to the poll.
 """
 from __future__ import annotations
 
@@ -11,18 +13,29 @@ import logging
 from typing import Awaitable, Callable
 from urllib.parse import urlencode
 
+from opentelemetry.trace import StatusCode
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from exports_common.errors import ApiError, ErrorKind
 from exports_common.json_body import read_limited
+from exports_common.jsonlog import trace_id_var
+from gateway.response import GatewayResponse
 from gateway.services import Services
+from gateway.telemetry import inject
 from gateway.upstream import UpstreamError
 
 log = logging.getLogger("gateway.audit")
 MAX_BODY = 65_536
 Endpoint = Callable[[Request], Awaitable[Response]]
+_ACTIONS = [  # the admin API's path, its method, the action's name, the backend's internal endpoint
+    ("/admin/recovery/callbacks", "GET", "list_dead_letters", "/internal/callbacks/failed"),
+    ("/admin/recovery/tasks", "GET", "list_failed_tasks", "/internal/tasks"),
+    ("/admin/recovery/callbacks/redeliver", "POST", "redeliver_batch", "/internal/callbacks/redeliver"),
+    ("/admin/recovery/tasks/{task_id}/redeliver", "POST", "redeliver", "/internal/tasks/{task_id}/redeliver"),
+    ("/admin/recovery/tasks/{task_id}/rerun", "POST", "rerun", "/internal/tasks/{task_id}/rerun"),
+]
 
 
 class AdminRecovery:
@@ -33,42 +46,52 @@ class AdminRecovery:
         self.upstream = upstream
 
     def routes(self) -> list[Route]:
-        return [
-            Route("/admin/recovery/callbacks", self._forward("list_dead_letters", "/internal/callbacks/failed"),
-                  methods=["GET"]),
-            Route("/admin/recovery/tasks", self._forward("list_failed_tasks", "/internal/tasks"), methods=["GET"]),
-            Route("/admin/recovery/callbacks/redeliver",
-                  self._forward("redeliver_batch", "/internal/callbacks/redeliver"), methods=["POST"]),
-            Route("/admin/recovery/tasks/{task_id}/redeliver",
-                  self._forward("redeliver", "/internal/tasks/{task_id}/redeliver"), methods=["POST"]),
-            Route("/admin/recovery/tasks/{task_id}/rerun",
-                  self._forward("rerun", "/internal/tasks/{task_id}/rerun"), methods=["POST"]),
-        ]
+        return [Route(path, self._forward(action, path, backend), methods=[method])
+                for path, method, action, backend in _ACTIONS]
 
-    def _forward(self, action: str, path: str) -> Endpoint:
+    def _forward(self, action: str, route: str, path: str) -> Endpoint:
         async def endpoint(request: Request) -> Response:
             self.require_admin(request)
             services = self.services()
-            upstream = services.upstreams[self.upstream()]
-            query = urlencode([(k, v) for k, v in request.query_params.multi_items()
-                               if k in ("tenant", "status", "limit", "cursor")])
-            url = upstream.url + path.format(**request.path_params) + (f"?{query}" if query else "")
-            body = None
-            headers = [("accept", "application/json")]
-            if request.method == "POST":
-                body = await read_limited(request.stream(), MAX_BODY, request.headers.get("content-length"))
-                headers.append(("content-type", request.headers.get("content-type", "application/json")))
-            try:
-                answer = await services.client.request(request.method, url, headers, body, upstream.timeouts)
-                content = await answer.read()
-            except UpstreamError as exc:
-                self._audit(request, action, "unreachable", services)
-                raise ApiError(ErrorKind.UPSTREAM_UNREACHABLE, data={"reason": exc.kind}) from exc
+            # traced as a request to the gateway is, so that what it causes (a re-run's export) links back to it
+            with services.tracing.server(f"{request.method} {route}", request.headers,
+                                         {"http.route": route, "gateway.route": action},
+                                         request.scope.get("client")) as admin_trace:
+                trace_id_var.set(admin_trace.trace_id)
+                answer, content = await self._call(request, action, path, services)
+                admin_trace.span.set_attribute("http.response.status_code", answer.status)
             self._audit(request, action, "done" if answer.status < 400 else f"refused_{answer.status}", services,
                         content if request.method == "POST" else b"")
             return Response(content, status_code=answer.status, media_type="application/json")
 
         return endpoint
+
+    async def _call(self, request: Request, action: str, path: str, services: Services
+                    ) -> tuple[GatewayResponse, bytes]:
+        """The backend's answer to the internal endpoint, with the admin request's trace headers."""
+        upstream = services.upstreams[self.upstream()]
+        query = urlencode([(k, v) for k, v in request.query_params.multi_items()
+                           if k in ("tenant", "status", "limit", "cursor")])
+        url = upstream.url + path.format(**request.path_params) + (f"?{query}" if query else "")
+        body = None
+        headers = [("accept", "application/json")]
+        if request.method == "POST":
+            body = await read_limited(request.stream(), MAX_BODY, request.headers.get("content-length"))
+            headers.append(("content-type", request.headers.get("content-type", "application/json")))
+        with services.tracing.client(f"upstream {self.upstream()}", lambda: {
+                "http.request.method": request.method, "url.full": url, "gateway.operator_action": action}) as span:
+            carrier: dict[str, str] = {}
+            inject(carrier)
+            try:
+                answer = await services.client.request(request.method, url, headers + list(carrier.items()), body,
+                                                       upstream.timeouts)
+                content = await answer.read()
+            except UpstreamError as exc:
+                span.set_status(StatusCode.ERROR, str(exc))
+                self._audit(request, action, "unreachable", services)
+                raise ApiError(ErrorKind.UPSTREAM_UNREACHABLE, data={"reason": exc.kind}) from exc
+            span.set_attribute("http.response.status_code", answer.status)
+        return answer, content
 
     def _audit(self, request: Request, action: str, outcome: str, services: Services, answer: bytes = b"") -> None:
         services.metrics.operator_actions.add(action, outcome)

@@ -296,6 +296,42 @@ def test_a_rerun_and_an_outbox_delivery_link_back_and_log_no_traceback(services:
         assert "Traceback" not in service.log() and "never retrieved" not in service.log(), service.log()[-3000:]
 
 
+def test_an_operator_rerun_links_back_to_the_admin_request(services: Callable[..., Service], tmp_path: Path) -> None:
+    submit, operator = "8bf92f3577b34da6a3ce929d0e0e4736", "9bf92f3577b34da6a3ce929d0e0e4736"
+    fast_batches = {"OTEL_BSP_SCHEDULE_DELAY": "200"}
+    with OtlpReceiver() as collector:
+        backend = services("backend_stub", backend_config(tmp_path), OTEL_TRACES_EXPORTER="otlp",
+                           OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, **fast_batches)
+        gateway = services("gateway", gateway_config(tmp_path, backend.url, tracing={
+            "exporter": "otlp", "endpoint": collector.url, "sample_ratio": 0, "trusted_proxies": ["127.0.0.0/8"]}),
+            **fast_batches)
+        task_id = httpx.post(f"{gateway.url}{API}", json={"export_type": "broken_export"}, timeout=10,
+                             headers=AUTH | _traceparent(submit)).json()["data"]["task_id"]
+        wait_status(backend.url, task_id, {"FAILED"})
+        rerun = httpx.post(f"{gateway.url}/admin/recovery/tasks/{task_id}/rerun",
+                           headers=ADMIN | _traceparent(operator))
+        assert rerun.status_code == 200, rerun.text
+        attempt = rerun.json()["data"]["attempt"]
+        admin_spans = {"POST /admin/recovery/tasks/{task_id}/rerun", "POST /internal/tasks/{task_id}/rerun"}
+
+        def both_traces() -> tuple[list[Span], list[Span]] | None:
+            run = [s for s in collector.of_trace(submit) if s.name == "export broken_export"
+                   and s.attributes["export.attempt"] == attempt]
+            admin = collector.of_trace(operator)
+            return (run, admin) if run and admin_spans <= {s.name for s in admin} else None
+
+        run, admin = wait_until(both_traces, 20, what="the re-run's span and the admin request's")
+    # the new attempt stays in the task's trace and links to the operator's request, as a TIMEOUT re-run does
+    assert run[0].links == [operator]
+    server = next(s for s in admin if s.service == "gateway" and s.name.startswith("POST /admin/"))
+    assert server.parent_id == "00f067aa0ba902b7" and server.attributes["http.response.status_code"] == 200
+    call = _child(admin, server, "upstream exports", "gateway")
+    assert call.attributes["gateway.operator_action"] == "rerun"
+    _child(admin, call, "POST /internal/tasks/{task_id}/rerun", "backend")
+    audit = [r for r in _json_lines(gateway.log()) if r.get("logger") == "gateway.audit"]
+    assert [(r["action"], r["trace_id"]) for r in audit] == [("rerun", operator)], "the audit line names the trace"
+
+
 def test_operator_recovery_of_dead_letters_and_failed_tasks(services: Callable[..., Service], tmp_path: Path) -> None:
     with Receiver([500, 500]) as hook:
         backend = services("backend_stub", backend_config(tmp_path, callbacks=LOOPBACK | {"retry_delays_sec": [0.1]}))
