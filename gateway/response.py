@@ -5,6 +5,7 @@ the upstream (downloads), which is never held in memory.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -146,8 +147,13 @@ class GatewayResponse:
             if self.body is not None or self.stream is None or head_only:
                 await send({"type": "http.response.body", "body": b"" if head_only else (self.body or b"")})
                 return
+            # uvicorn's send() returns quietly once the client is gone: without this, a download whose client left
+            # would go on reading the whole file from the upstream into nowhere
+            gone = asyncio.ensure_future(_disconnected(receive))
             try:
                 async for chunk in self.stream:
+                    if gone.done() and gone.result():
+                        return  # unread, the upstream connection is closed, not reused
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except Exception as exc:  # noqa: BLE001 - the status is sent: no envelope can follow, and no traceback should
                 # returning without the last frame makes the server close the connection, so the client sees the
@@ -155,10 +161,29 @@ class GatewayResponse:
                 log.warning("the upstream stopped in the middle of a body; the client's connection is closed",
                             extra={"error": f"{type(exc).__name__}: {exc}"[:300]})
                 return
+            finally:
+                gone.cancel()
             await send({"type": "http.response.body", "body": b""})
         finally:
             if self.release is not None:  # most answers have nothing to release: no call for them
                 self.close()
+
+
+async def _disconnected(receive: Receive) -> bool:
+    """True once the client has gone away; False for a `receive` that never waits (a test double, not a server).
+
+    A streamed answer comes after its request was sent upstream whole (or the upstream answered early and
+    the rest of the body is of no use), so nothing else reads `receive` by then.
+    """
+    ended = False
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return True
+        if not message.get("more_body", False):
+            if ended:  # a server waits for the disconnect once the body has ended; this one answered again
+                return False
+            ended = True
 
 
 def loads(raw: bytes) -> Any:

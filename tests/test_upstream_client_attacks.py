@@ -915,9 +915,6 @@ def test_gateway_streams_a_download_with_backpressure_and_cuts_a_short_body(
         client.get(f"{gateway.url}/raw/short", headers=AUTH)
 
 
-@pytest.mark.xfail(strict=True, reason="a client that leaves mid-download does not stop the upstream read: uvicorn's "
-                   "send() returns silently once the client is gone, so GatewayResponse.__call__ (response.py) "
-                   "keeps draining the whole upstream body into nowhere and reuses the connection")
 def test_gateway_drops_the_upstream_of_a_client_that_left_mid_download(
         gateway_on_raw: tuple[Service, ThreadedUpstream]) -> None:
     gateway, upstream = gateway_on_raw
