@@ -179,10 +179,15 @@ class _Connection(asyncio.Protocol):
             raise UpstreamError("reset", f"the upstream sent more than {MAX_HEADERS} headers")
         self.raw_headers.append((name, value))
 
+    def on_message_begin(self) -> None:
+        # bytes after the answer, in the same packet: they cannot be an answer (RFC 9112 9.3), and left in the
+        # parser they would be read as the start of the next request's
+        if self.reply is None:
+            raise UpstreamError("reset", "the upstream sent more than the answer asked for")
+
     def on_headers_complete(self) -> None:
         reply = self.reply
-        if reply is None:  # one more answer after the one asked for, in the same packet
-            raise UpstreamError("reset", "the upstream sent an answer nobody asked for")
+        assert reply is not None  # on_message_begin refused an answer without one
         status = self.parser.get_status_code()
         if 100 <= status < 200 and status != 101:  # an interim answer (103 Early Hints): the real one follows
             self.raw_headers = []

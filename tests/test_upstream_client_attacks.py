@@ -136,9 +136,6 @@ async def test_a_second_answer_in_the_same_packet_is_not_given_to_the_next_reque
     assert server.connections == 2
 
 
-@pytest.mark.xfail(strict=True, reason="bytes after a complete answer, in the same packet, that are not yet a whole "
-                   "head stay in the parser and the connection goes back to the pool: the next request's answer is "
-                   "parsed as their continuation and that request fails (reset)")
 @attack
 async def test_a_partial_answer_after_a_complete_one_is_not_given_to_the_next_request() -> None:
     leftover = b"HTTP/1.1 200 OK\r\nx-smuggled: 1\r\n"
