@@ -319,8 +319,12 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def _ends_at_close(self, reply: _Reply) -> bool:
-        """Whether the answer's body is framed by the connection's end (neither a length nor chunked)."""
-        return not any(k in ("content-length", "transfer-encoding") for k, _ in reply.headers)
+        """Whether the answer's body is framed by the connection's end: no length, and chunked is not the last
+        transfer coding (RFC 9112 6.3: `gzip` alone, or `chunked, gzip`, is read until the end)."""
+        codings = ",".join([v for k, v in reply.headers if k == "transfer-encoding"])
+        if codings:
+            return codings.rsplit(",", 1)[-1].strip().lower() != "chunked"
+        return not any(k == "content-length" for k, _ in reply.headers)
 
     def _complete(self, reply: _Reply, reuse: bool) -> None:
         reply.done = True
