@@ -189,7 +189,10 @@ class _Connection(asyncio.Protocol):
         reply = self.reply
         assert reply is not None  # on_message_begin refused an answer without one
         status = self.parser.get_status_code()
-        if 100 <= status < 200 and status != 101:  # an interim answer (103 Early Hints): the real one follows
+        if 100 <= status < 200:
+            if status == 101:  # no request asks for an upgrade: what follows is not HTTP, and never an answer
+                raise UpstreamError("reset", "the upstream switched protocols unasked")
+            # an interim answer (103 Early Hints): the real one follows
             self.raw_headers = []
             self.interim = True
             return

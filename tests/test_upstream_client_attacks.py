@@ -291,9 +291,6 @@ async def test_interim_answers_are_skipped_and_a_flood_of_them_is_cut_off() -> N
         assert await outcome(client, server.url) == "reset"
 
 
-@pytest.mark.xfail(strict=True, reason="an unasked-for 101 Switching Protocols is handed to the caller as the "
-                   "answer (status 101, the gateway would relay it) before llhttp's upgrade pause fails it: "
-                   "on_headers_complete marks the head done for any status >= 200 or == 101")
 @attack
 async def test_an_unasked_switching_protocols_is_a_reset() -> None:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -948,9 +945,7 @@ def test_gateway_never_sends_a_split_header_upstream(gateway_on_raw: tuple[Servi
 @pytest.mark.parametrize("answer_bytes", [
     b"SSH-2.0-OpenSSH_9.6\r\n",
     b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\nok",
-    pytest.param(b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n",
-                 marks=pytest.mark.xfail(strict=True, reason="the client hands an unasked 101 over as a complete "
-                                         "answer: the gateway relays '101 Switching Protocols' to its client")),
+    b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n",
 ], ids=["garbage", "length-and-chunked", "switching-protocols"])
 def test_gateway_answers_a_broken_upstream_with_a_502_envelope(gateway_on_raw: tuple[Service, ThreadedUpstream],
                                                                answer_bytes: bytes) -> None:
