@@ -167,6 +167,7 @@ class _Connection(asyncio.Protocol):
         self.write_waiter = self.loop.create_future()
 
     def resume_writing(self) -> None:
+        self.last_data = self.loop.time()  # the upstream is taking the request: the read timeout counts from here
         self._wake_writer()
 
     # the parser's side
@@ -304,8 +305,12 @@ class _Connection(asyncio.Protocol):
             async for chunk in chunks:
                 if chunk:
                     transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                    # the answer cannot be due while the request is still being sent: the read timeout counts
+                    # from the last piece, as aiohttp's sock_read did
+                    self.last_data = self.loop.time()
                     await self._drain()
             transport.write(b"0\r\n\r\n")
+            self.last_data = self.loop.time()
             self.request_sent = True
         except Exception as exc:  # noqa: BLE001 - the connection's, or the body's own (too large): the reader raises it
             self._fail(exc)

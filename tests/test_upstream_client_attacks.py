@@ -478,10 +478,6 @@ async def test_a_silent_peer_is_a_timeout_and_frees_the_slot() -> None:
         assert await outcome(client, server.url, SHORT) == (200, b"ok")
 
 
-@pytest.mark.xfail(strict=True, reason="the read timeout runs from send(), while a streamed request body is still "
-                   "being written: a client uploading slowly (each piece well within the timeout) gets a 'timeout', "
-                   "which the breaker counts against the upstream; aiohttp's sock_read waits for the upload (checked: "
-                   "200 there)")
 @attack
 async def test_a_slow_streamed_upload_is_not_a_read_timeout() -> None:
     async def slow_body() -> AsyncIterator[bytes]:
