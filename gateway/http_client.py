@@ -52,6 +52,8 @@ IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 # methods that send no `content-length: 0` when they have no body (as aiohttp)
 NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "CONNECT"})
 BODY_WRITE_AT_ONCE = 64 * 1024
+# body pieces smaller than this are gathered into one buffer as they arrive
+SMALL_PIECE = 4 * 1024
 
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/?#]*)([^#]*)")
 _VISIBLE = re.compile(r"[!-~]+")
@@ -76,7 +78,7 @@ class _Reply:
     def __init__(self, head_only: bool) -> None:
         self.status = 0
         self.headers: list[tuple[str, str]] = []
-        self.chunks: list[bytes] = []
+        self.chunks: list[bytes | bytearray] = []
         self.size = 0
         self.head_done = False
         self.done = False
@@ -209,8 +211,19 @@ class _Connection(asyncio.Protocol):
         reply = self.reply
         if reply is None:  # the rest of a HEAD answer's declared length, which never comes
             return
-        reply.chunks.append(body)
-        reply.size += len(body)
+        chunks = reply.chunks
+        size = len(body)
+        # small pieces after the first are gathered in one growing bytearray: a body in 1-byte chunks, read
+        # whole, cost ~60 bytes of memory per byte as one bytes object each
+        if size < SMALL_PIECE and chunks:
+            last = chunks[-1]
+            if isinstance(last, bytearray):
+                last += body
+            else:
+                chunks.append(bytearray(body))
+        else:
+            chunks.append(body)
+        reply.size += size
         if reply.size > HIGH_WATER and not reply.unbounded and not self.reading_paused:
             self.reading_paused = True
             assert self.transport is not None
@@ -517,7 +530,9 @@ class _Exchange:
                 raise StopAsyncIteration
             await self.conn.wait(reply, self.read_timeout)
         chunks = reply.chunks
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        first = chunks[0]
+        # never the bytearray on_body still appends to
+        data = first if len(chunks) == 1 and isinstance(first, bytes) else b"".join(chunks)
         chunks.clear()
         reply.size = 0
         if not reply.done:

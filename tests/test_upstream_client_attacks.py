@@ -357,9 +357,6 @@ async def test_an_endless_chunked_body_streams_in_bounded_pieces_and_release_fre
         assert await outcome(client, server.url) == (200, b"second")
 
 
-@pytest.mark.xfail(strict=True, reason="each chunk of the body is kept as its own bytes object until read: an "
-                   "answer read whole (GatewayResponse.read, for the JSON plugins) in 1-byte chunks costs ~60 bytes of "
-                   "memory per byte of body (a 10 MB document, 600 MB), where HIGH_WATER and the body size suggest ~1")
 @attack
 async def test_a_body_in_tiny_chunks_read_whole_keeps_memory_near_its_size() -> None:
     size = 256 * 1024
