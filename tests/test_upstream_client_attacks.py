@@ -755,10 +755,6 @@ async def test_control_characters_in_a_request_never_split_a_header() -> None:
         assert lines[2] == b"x-ok: obs\x85text\tand tab"
 
 
-@pytest.mark.xfail(strict=True, reason="framing and routing headers from the caller (content-length, "
-                   "transfer-encoding, host) are written next to the client's own: the upstream gets two hosts, or a "
-                   "length and a chunked coding at once (a desync on a lenient server); headers.py drops them today, "
-                   "the client does not refuse them itself")
 @attack
 async def test_the_client_alone_frames_the_request() -> None:
     heads: list[bytes] = []
