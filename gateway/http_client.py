@@ -584,6 +584,7 @@ class HttpClient:
             conn = None if fresh else pool.take()
             if conn is None:
                 conn = await pool.lease(timeouts, fresh)
+            reply = None
             try:
                 reply = conn.send(head, body, method == "HEAD")
                 while not reply.head_done:
@@ -596,7 +597,10 @@ class HttpClient:
                     raise
                 fresh = True
             except BaseException:
-                conn.close()
+                # only while the connection is still this request's: a cancel that lands after the answer's end
+                # finds it back in the pool, maybe lent to another request already
+                if reply is None or conn.reply is reply:
+                    conn.close()
                 raise
         exchange = _Exchange(conn, reply, timeouts.read)
         return GatewayResponse(reply.status, reply.headers, stream=exchange, release=exchange.release,

@@ -461,6 +461,32 @@ async def test_cancelled_request_closes_its_connection_and_frees_its_slot() -> N
 
 
 @on_both_loops
+async def test_a_cancel_landing_after_the_answer_leaves_the_pooled_connection_open() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(answer())
+
+    async with RawServer(serve) as server, client_of(pool_size=1) as client:
+        assert await get(client, server.url) == (200, b"ok")
+        pool = next(iter(client._pools.values()))
+        give_back = pool.give_back
+
+        def back_then_cancel(conn: Any) -> None:
+            # the answer is whole and its connection pooled (maybe lent again), the caller not yet resumed
+            give_back(conn)
+            call.cancel()
+
+        pool.give_back = back_then_cancel  # type: ignore[method-assign]
+        call = asyncio.create_task(client.request("GET", server.url, [], None, QUICK))
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        pool.give_back = give_back  # type: ignore[method-assign]
+        assert await get(client, server.url) == (200, b"ok")
+    assert server.connections == 1
+
+
+@on_both_loops
 async def test_interim_answer_is_skipped_and_headers_are_lowercase() -> None:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
