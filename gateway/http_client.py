@@ -6,8 +6,8 @@ whole gateway's list call ~960,000 (callgrind, README "Libraries, and what is wr
 by hand"). Parsing is httptools (llhttp, Node's parser); what is written here is the
 pooling, the framing of requests, and the timeouts.
 
-- Pool: per origin, at most `pool_size` connections lent at once (a request waits for a
-  free one, FIFO); idle connections are reused newest first, dropped when the peer closes
+- Pool: per origin, at most its pool size (its upstream's `pool_size`) connections lent at
+  once (a request waits for a free one, FIFO); idle connections are reused newest first, dropped when the peer closes
   them or after `idle_timeout` seconds. A connection goes back to the pool only after a
   complete response with keep-alive to a completely sent request; anything else closes it.
 - Timeouts: `connect` bounds opening the connection (TLS included); `read` bounds each
@@ -568,8 +568,12 @@ class _Exchange:
 class HttpClient:
     """The gateway's UpstreamClient (gateway/upstream.py)."""
 
-    def __init__(self, pool_size: int = 200, idle_timeout: float = IDLE_TIMEOUT_SEC) -> None:
+    def __init__(self, pool_size: int = 200, idle_timeout: float = IDLE_TIMEOUT_SEC,
+                 pool_sizes: dict[str, int] | None = None) -> None:
+        """`pool_sizes`: the bound of each origin (scheme://host[:port], as URLs spell it) that has its own;
+        any other origin's pool is bounded by `pool_size`."""
         self.pool_size = pool_size
+        self.pool_sizes = pool_sizes or {}
         self.idle_timeout = idle_timeout
         self._pools: dict[str, _Pool] = {}
         self._tls: ssl.SSLContext | None = None
@@ -634,7 +638,8 @@ class HttpClient:
                 self._tls = ssl.create_default_context()
             tls = self._tls
         port = parts.port or (443 if tls is not None else 80)
-        return _Pool(parts.scheme, parts.hostname, port, self.pool_size, self.idle_timeout, tls)
+        size = self.pool_sizes.get(origin, self.pool_size)
+        return _Pool(parts.scheme, parts.hostname, port, size, self.idle_timeout, tls)
 
 
 def _head(method: str, target: str, host: str, headers: list[tuple[str, str]], body: Body) -> bytes:

@@ -192,6 +192,24 @@ async def test_pool_bound_holds_requests_until_a_connection_is_free() -> None:
 
 
 @on_both_loops
+async def test_an_origin_with_its_own_pool_size_is_bounded_by_it() -> None:
+    in_flight = InFlight()
+    async with uvicorn_server(in_flight) as url:
+        client = HttpClient(1, pool_sizes={url: 3})
+        try:
+            calls = [asyncio.create_task(get(client, f"{url}/held")) for _ in range(6)]
+            await poll(lambda: in_flight.now == 3, "three requests at the server")
+            for _ in range(3):  # a few turns of the loop: nothing more may arrive while they are held
+                await asyncio.sleep(0)
+            in_flight.release.set()
+            results = await asyncio.gather(*calls)
+        finally:
+            await client.close()
+    assert [status for status, _ in results] == [200] * 6
+    assert in_flight.most == 3
+
+
+@on_both_loops
 async def test_chunked_answer_whole_and_streamed() -> None:
     expected = b"".join(f"part {i};".encode() for i in range(50))
     async with uvicorn_server() as url, client_of() as client:
