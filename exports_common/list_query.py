@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Collection
-from urllib.parse import urlencode
 
 from exports_common.contract import STATUSES
 from exports_common.errors import validation_error
@@ -29,9 +28,11 @@ class ListQuery:
     cursor: str | None
 
     def encode(self) -> str:
-        """The query string to send upstream: only the checked parameters."""
+        """The query string to send upstream: only the checked parameters. Each value was checked to be a
+        status name, digits or the cursor's base64url alphabet, none of which needs escaping (urlencode's
+        quoting cost ~15,000 instructions per list call)."""
         pairs = [("status", self.status), ("limit", str(self.limit)), ("cursor", self.cursor)]
-        return urlencode([(k, v) for k, v in pairs if v is not None])
+        return "&".join([f"{k}={v}" for k, v in pairs if v is not None])
 
 
 def check_list_query(params: list[tuple[str, str]], allowed: Collection[str] = PARAMS) -> ListQuery:

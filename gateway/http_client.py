@@ -6,8 +6,8 @@ whole gateway's list call ~960,000 (callgrind, README "Libraries, and what is wr
 by hand"). Parsing is httptools (llhttp, Node's parser); what is written here is the
 pooling, the framing of requests, and the timeouts.
 
-- Pool: per origin, at most `pool_size` connections lent at once (a request waits for a
-  free one, FIFO); idle connections are reused newest first, dropped when the peer closes
+- Pool: per origin, at most its pool size (its upstream's `pool_size`) connections lent at
+  once (a request waits for a free one, FIFO); idle connections are reused newest first, dropped when the peer closes
   them or after `idle_timeout` seconds. A connection goes back to the pool only after a
   complete response with keep-alive to a completely sent request; anything else closes it.
 - Timeouts: `connect` bounds opening the connection (TLS included); `read` bounds each
@@ -52,14 +52,23 @@ IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 # methods that send no `content-length: 0` when they have no body (as aiohttp)
 NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "CONNECT"})
 BODY_WRITE_AT_ONCE = 64 * 1024
+# body pieces smaller than this are gathered into one buffer as they arrive
+SMALL_PIECE = 4 * 1024
 
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/?#]*)([^#]*)")
 _VISIBLE = re.compile(r"[!-~]+")
-_TOKEN = r"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
+_TOKEN_CHAR = r"[-!#$%&'*+.^_`|~0-9A-Za-z]"
+_TOKEN = _TOKEN_CHAR + "+"
 _METHOD = re.compile(_TOKEN)
+# a header name the caller may give: the names that frame or route the request are the client's alone. Only a
+# name starting with h, c or t pays for the look-ahead (a look-ahead on every name cost ~500 instructions each)
+_NAME = (r"(?:[-!#$%&'*+.^_`|~0-9ABD-GI-SU-Zabd-gi-su-z]" + _TOKEN_CHAR + "*"
+         r"|(?!(?i:host|content[-_]length|transfer[-_]encoding)\x00)" + _TOKEN + ")")
 # headers joined as name NUL value SOH ...: names are tokens, values hold no control byte but tab (so no
-# CR, LF or NUL), and the markers, being controls, can only stand where they were put
-_FIELDS = re.compile(r"(?:" + _TOKEN + r"\x00[\t -~\x80-\xff]*\x01)*")
+# CR, LF or NUL), and the markers, being controls, can only stand where they were put. A caller's second host,
+# or a length next to a chunked coding, would be read one way here and another by a lenient server (headers.py
+# drops them before; this is the last line)
+_FIELDS = re.compile(r"(?:" + _NAME + r"\x00[\t -~\x80-\xff]*\x01)*")
 _TARGET_SAFE = "!#$%&'()*+,/:;=?@[]~"
 
 
@@ -76,7 +85,7 @@ class _Reply:
     def __init__(self, head_only: bool) -> None:
         self.status = 0
         self.headers: list[tuple[str, str]] = []
-        self.chunks: list[bytes] = []
+        self.chunks: list[bytes | bytearray] = []
         self.size = 0
         self.head_done = False
         self.done = False
@@ -167,6 +176,7 @@ class _Connection(asyncio.Protocol):
         self.write_waiter = self.loop.create_future()
 
     def resume_writing(self) -> None:
+        self.last_data = self.loop.time()  # the upstream is taking the request: the read timeout counts from here
         self._wake_writer()
 
     # the parser's side
@@ -179,12 +189,20 @@ class _Connection(asyncio.Protocol):
             raise UpstreamError("reset", f"the upstream sent more than {MAX_HEADERS} headers")
         self.raw_headers.append((name, value))
 
+    def on_message_begin(self) -> None:
+        # bytes after the answer, in the same packet: they cannot be an answer (RFC 9112 9.3), and left in the
+        # parser they would be read as the start of the next request's
+        if self.reply is None:
+            raise UpstreamError("reset", "the upstream sent more than the answer asked for")
+
     def on_headers_complete(self) -> None:
         reply = self.reply
-        if reply is None:  # one more answer after the one asked for, in the same packet
-            raise UpstreamError("reset", "the upstream sent an answer nobody asked for")
+        assert reply is not None  # on_message_begin refused an answer without one
         status = self.parser.get_status_code()
-        if 100 <= status < 200 and status != 101:  # an interim answer (103 Early Hints): the real one follows
+        if 100 <= status < 200:
+            if status == 101:  # no request asks for an upgrade: what follows is not HTTP, and never an answer
+                raise UpstreamError("reset", "the upstream switched protocols unasked")
+            # an interim answer (103 Early Hints): the real one follows
             self.raw_headers = []
             self.interim = True
             return
@@ -200,8 +218,19 @@ class _Connection(asyncio.Protocol):
         reply = self.reply
         if reply is None:  # the rest of a HEAD answer's declared length, which never comes
             return
-        reply.chunks.append(body)
-        reply.size += len(body)
+        chunks = reply.chunks
+        size = len(body)
+        # small pieces after the first are gathered in one growing bytearray: a body in 1-byte chunks, read
+        # whole, cost ~60 bytes of memory per byte as one bytes object each
+        if size < SMALL_PIECE and chunks:
+            last = chunks[-1]
+            if isinstance(last, bytearray):
+                last += body
+            else:
+                chunks.append(bytearray(body))
+        else:
+            chunks.append(body)
+        reply.size += size
         if reply.size > HIGH_WATER and not reply.unbounded and not self.reading_paused:
             self.reading_paused = True
             assert self.transport is not None
@@ -296,8 +325,12 @@ class _Connection(asyncio.Protocol):
             async for chunk in chunks:
                 if chunk:
                     transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                    # the answer cannot be due while the request is still being sent: the read timeout counts
+                    # from the last piece, as aiohttp's sock_read did
+                    self.last_data = self.loop.time()
                     await self._drain()
             transport.write(b"0\r\n\r\n")
+            self.last_data = self.loop.time()
             self.request_sent = True
         except Exception as exc:  # noqa: BLE001 - the connection's, or the body's own (too large): the reader raises it
             self._fail(exc)
@@ -314,8 +347,12 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def _ends_at_close(self, reply: _Reply) -> bool:
-        """Whether the answer's body is framed by the connection's end (neither a length nor chunked)."""
-        return not any(k in ("content-length", "transfer-encoding") for k, _ in reply.headers)
+        """Whether the answer's body is framed by the connection's end: no length, and chunked is not the last
+        transfer coding (RFC 9112 6.3: `gzip` alone, or `chunked, gzip`, is read until the end)."""
+        codings = ",".join([v for k, v in reply.headers if k == "transfer-encoding"])
+        if codings:
+            return codings.rsplit(",", 1)[-1].strip().lower() != "chunked"
+        return not any(k == "content-length" for k, _ in reply.headers)
 
     def _complete(self, reply: _Reply, reuse: bool) -> None:
         reply.done = True
@@ -500,7 +537,9 @@ class _Exchange:
                 raise StopAsyncIteration
             await self.conn.wait(reply, self.read_timeout)
         chunks = reply.chunks
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        first = chunks[0]
+        # never the bytearray on_body still appends to
+        data = first if len(chunks) == 1 and isinstance(first, bytes) else b"".join(chunks)
         chunks.clear()
         reply.size = 0
         if not reply.done:
@@ -533,8 +572,12 @@ class _Exchange:
 class HttpClient:
     """The gateway's UpstreamClient (gateway/upstream.py)."""
 
-    def __init__(self, pool_size: int = 200, idle_timeout: float = IDLE_TIMEOUT_SEC) -> None:
+    def __init__(self, pool_size: int = 200, idle_timeout: float = IDLE_TIMEOUT_SEC,
+                 pool_sizes: dict[str, int] | None = None) -> None:
+        """`pool_sizes`: the bound of each origin (scheme://host[:port], as URLs spell it) that has its own;
+        any other origin's pool is bounded by `pool_size`."""
         self.pool_size = pool_size
+        self.pool_sizes = pool_sizes or {}
         self.idle_timeout = idle_timeout
         self._pools: dict[str, _Pool] = {}
         self._tls: ssl.SSLContext | None = None
@@ -549,6 +592,7 @@ class HttpClient:
             conn = None if fresh else pool.take()
             if conn is None:
                 conn = await pool.lease(timeouts, fresh)
+            reply = None
             try:
                 reply = conn.send(head, body, method == "HEAD")
                 while not reply.head_done:
@@ -561,7 +605,10 @@ class HttpClient:
                     raise
                 fresh = True
             except BaseException:
-                conn.close()
+                # only while the connection is still this request's: a cancel that lands after the answer's end
+                # finds it back in the pool, maybe lent to another request already
+                if reply is None or conn.reply is reply:
+                    conn.close()
                 raise
         exchange = _Exchange(conn, reply, timeouts.read)
         return GatewayResponse(reply.status, reply.headers, stream=exchange, release=exchange.release,
@@ -595,16 +642,19 @@ class HttpClient:
                 self._tls = ssl.create_default_context()
             tls = self._tls
         port = parts.port or (443 if tls is not None else 80)
-        return _Pool(parts.scheme, parts.hostname, port, self.pool_size, self.idle_timeout, tls)
+        size = self.pool_sizes.get(origin, self.pool_size)
+        return _Pool(parts.scheme, parts.hostname, port, size, self.idle_timeout, tls)
 
 
 def _head(method: str, target: str, host: str, headers: list[tuple[str, str]], body: Body) -> bytes:
-    """The request line and headers, refused (ValueError) if a name or value could smuggle in a line."""
+    """The request line and headers, refused (ValueError) if a name or value could smuggle in a line, or if a
+    header would frame or route the request (host, content-length, transfer-encoding: the client writes them)."""
     if not _VISIBLE.fullmatch(target):  # as aiohttp (yarl) did: spaces, controls, non-ASCII percent-encoded
         target = quote(target, safe=_TARGET_SAFE)
     fields = "".join([f"{k}\x00{v}\x01" for k, v in headers])
     if not _FIELDS.fullmatch(fields) or not _METHOD.fullmatch(method):
-        raise ValueError("a request's method or header holds a character HTTP does not allow there")
+        raise ValueError("a request's method or header holds a character HTTP does not allow there, or names a "
+                         "header only the client may write (host, content-length, transfer-encoding)")
     if body is None:
         framing = "" if method in NO_BODY_METHODS else "content-length: 0\r\n"
     elif isinstance(body, bytes):

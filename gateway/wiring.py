@@ -110,14 +110,24 @@ def open_services(config: GatewayConfig) -> Services:
     """The long-lived parts every Runtime shares: the upstream client, stores, metrics, tracing."""
     metrics, tracing = telemetry.setup("gateway", config.tracing)
     redis = open_redis(config.redis_url)
-    pool = max(u.pool_size for u in config.upstreams.values())
     return Services(
-        client=HttpClient(pool), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
+        client=upstream_client(config), metrics=metrics, tracing=tracing, tenants=TenantDirectory({}),
         signer=DownloadSigner(config.download_signing.secrets, config.download_signing.max_link_ttl_sec),
         upstreams=upstreams_of(config, metrics),
         state=State(redis, config.redis_prefix, config.state_dir), breakers=Breakers(metrics),
         limiter=Limiter(redis, config.redis_prefix),
     )
+
+
+def upstream_client(config: GatewayConfig) -> HttpClient:
+    """Each endpoint's pool bounded by its upstream's pool_size (upstreams sharing an origin share its pool, the
+    largest bound); an origin a later reload adds gets the largest of all, as restart_required assumes."""
+    sizes: dict[str, int] = {}
+    for upstream in config.upstreams.values():
+        for url in upstream.urls:
+            origin = url.rstrip("/")
+            sizes[origin] = max(sizes.get(origin, 0), upstream.pool_size)
+    return HttpClient(max(sizes.values()), pool_sizes=sizes)
 
 
 @contextlib.asynccontextmanager

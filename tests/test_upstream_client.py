@@ -192,6 +192,24 @@ async def test_pool_bound_holds_requests_until_a_connection_is_free() -> None:
 
 
 @on_both_loops
+async def test_an_origin_with_its_own_pool_size_is_bounded_by_it() -> None:
+    in_flight = InFlight()
+    async with uvicorn_server(in_flight) as url:
+        client = HttpClient(1, pool_sizes={url: 3})
+        try:
+            calls = [asyncio.create_task(get(client, f"{url}/held")) for _ in range(6)]
+            await poll(lambda: in_flight.now == 3, "three requests at the server")
+            for _ in range(3):  # a few turns of the loop: nothing more may arrive while they are held
+                await asyncio.sleep(0)
+            in_flight.release.set()
+            results = await asyncio.gather(*calls)
+        finally:
+            await client.close()
+    assert [status for status, _ in results] == [200] * 6
+    assert in_flight.most == 3
+
+
+@on_both_loops
 async def test_chunked_answer_whole_and_streamed() -> None:
     expected = b"".join(f"part {i};".encode() for i in range(50))
     async with uvicorn_server() as url, client_of() as client:
@@ -458,6 +476,32 @@ async def test_cancelled_request_closes_its_connection_and_frees_its_slot() -> N
             await call
         await poll(lambda: server.closed == 1, "the cancelled request's connection to close")
         assert await get(client, server.url) == (200, b"ok")
+
+
+@on_both_loops
+async def test_a_cancel_landing_after_the_answer_leaves_the_pooled_connection_open() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(answer())
+
+    async with RawServer(serve) as server, client_of(pool_size=1) as client:
+        assert await get(client, server.url) == (200, b"ok")
+        pool = next(iter(client._pools.values()))
+        give_back = pool.give_back
+
+        def back_then_cancel(conn: Any) -> None:
+            # the answer is whole and its connection pooled (maybe lent again), the caller not yet resumed
+            give_back(conn)
+            call.cancel()
+
+        pool.give_back = back_then_cancel  # type: ignore[method-assign]
+        call = asyncio.create_task(client.request("GET", server.url, [], None, QUICK))
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        pool.give_back = give_back  # type: ignore[method-assign]
+        assert await get(client, server.url) == (200, b"ok")
+    assert server.connections == 1
 
 
 @on_both_loops

@@ -136,9 +136,6 @@ async def test_a_second_answer_in_the_same_packet_is_not_given_to_the_next_reque
     assert server.connections == 2
 
 
-@pytest.mark.xfail(strict=True, reason="bytes after a complete answer, in the same packet, that are not yet a whole "
-                   "head stay in the parser and the connection goes back to the pool: the next request's answer is "
-                   "parsed as their continuation and that request fails (reset)")
 @attack
 async def test_a_partial_answer_after_a_complete_one_is_not_given_to_the_next_request() -> None:
     leftover = b"HTTP/1.1 200 OK\r\nx-smuggled: 1\r\n"
@@ -243,9 +240,6 @@ async def test_chunked_answer_cut_short_is_an_error_streamed_and_whole() -> None
         assert cut.value.kind == "reset" and got == b"hello"
 
 
-@pytest.mark.xfail(strict=True, reason="an answer with a transfer-encoding that is not chunked is framed by the "
-                   "connection's end (RFC 9112 6.3 rule 4; llhttp reads it so), but connection_lost only accepts "
-                   "the end as complete when there is no transfer-encoding header at all: a whole body is a reset")
 @attack
 async def test_non_chunked_transfer_encoding_is_read_until_the_end() -> None:
     codings = [b"gzip", b"chunked, identity"]  # chunked must be the last coding to frame the body
@@ -297,9 +291,6 @@ async def test_interim_answers_are_skipped_and_a_flood_of_them_is_cut_off() -> N
         assert await outcome(client, server.url) == "reset"
 
 
-@pytest.mark.xfail(strict=True, reason="an unasked-for 101 Switching Protocols is handed to the caller as the "
-                   "answer (status 101, the gateway would relay it) before llhttp's upgrade pause fails it: "
-                   "on_headers_complete marks the head done for any status >= 200 or == 101")
 @attack
 async def test_an_unasked_switching_protocols_is_a_reset() -> None:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -366,9 +357,6 @@ async def test_an_endless_chunked_body_streams_in_bounded_pieces_and_release_fre
         assert await outcome(client, server.url) == (200, b"second")
 
 
-@pytest.mark.xfail(strict=True, reason="each chunk of the body is kept as its own bytes object until read: an "
-                   "answer read whole (GatewayResponse.read, for the JSON plugins) in 1-byte chunks costs ~60 bytes of "
-                   "memory per byte of body (a 10 MB document, 600 MB), where HIGH_WATER and the body size suggest ~1")
 @attack
 async def test_a_body_in_tiny_chunks_read_whole_keeps_memory_near_its_size() -> None:
     size = 256 * 1024
@@ -487,10 +475,6 @@ async def test_a_silent_peer_is_a_timeout_and_frees_the_slot() -> None:
         assert await outcome(client, server.url, SHORT) == (200, b"ok")
 
 
-@pytest.mark.xfail(strict=True, reason="the read timeout runs from send(), while a streamed request body is still "
-                   "being written: a client uploading slowly (each piece well within the timeout) gets a 'timeout', "
-                   "which the breaker counts against the upstream; aiohttp's sock_read waits for the upload (checked: "
-                   "200 there)")
 @attack
 async def test_a_slow_streamed_upload_is_not_a_read_timeout() -> None:
     async def slow_body() -> AsyncIterator[bytes]:
@@ -771,10 +755,6 @@ async def test_control_characters_in_a_request_never_split_a_header() -> None:
         assert lines[2] == b"x-ok: obs\x85text\tand tab"
 
 
-@pytest.mark.xfail(strict=True, reason="framing and routing headers from the caller (content-length, "
-                   "transfer-encoding, host) are written next to the client's own: the upstream gets two hosts, or a "
-                   "length and a chunked coding at once (a desync on a lenient server); headers.py drops them today, "
-                   "the client does not refuse them itself")
 @attack
 async def test_the_client_alone_frames_the_request() -> None:
     heads: list[bytes] = []
@@ -951,9 +931,7 @@ def test_gateway_never_sends_a_split_header_upstream(gateway_on_raw: tuple[Servi
 @pytest.mark.parametrize("answer_bytes", [
     b"SSH-2.0-OpenSSH_9.6\r\n",
     b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\nok",
-    pytest.param(b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n",
-                 marks=pytest.mark.xfail(strict=True, reason="the client hands an unasked 101 over as a complete "
-                                         "answer: the gateway relays '101 Switching Protocols' to its client")),
+    b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n",
 ], ids=["garbage", "length-and-chunked", "switching-protocols"])
 def test_gateway_answers_a_broken_upstream_with_a_502_envelope(gateway_on_raw: tuple[Service, ThreadedUpstream],
                                                                answer_bytes: bytes) -> None:

@@ -14,12 +14,9 @@ from typing import Any, ClassVar, Literal
 from exports_common.contract import DOWNLOAD_PATH, link_params, signed_link
 from exports_common.errors import ApiError, ErrorKind
 from exports_common.timefmt import parse_rfc3339
-from gateway.context import Handler, RequestContext
-from gateway.plugins.base import PluginBase, RouteInfo, Settings
+from gateway.context import RequestContext
+from gateway.plugins.base import PluginBase, Settings
 from gateway.response import GatewayResponse
-from gateway.services import Services
-
-MEMO_ENTRIES = 4096
 
 
 class SignedDownloadSettings(Settings):
@@ -31,13 +28,6 @@ class SignedDownloadSettings(Settings):
 class SignedDownload(PluginBase[SignedDownloadSettings]):
     name: ClassVar[str] = "signed_download"
     Settings: ClassVar[type[SignedDownloadSettings]] = SignedDownloadSettings
-
-    def __init__(self, next: Handler, settings: SignedDownloadSettings, services: Services,
-                 route: RouteInfo) -> None:
-        super().__init__(next, settings, services, route)
-        # (link base, task id, result expiry) -> signed link, for links whose expiry is the result's own (not
-        # cut by the signer's cap, which moves with the clock): a client polling its list gets the same links
-        self._links: dict[tuple[str, str, str], str] = {}
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         if self.settings.action == "verify":
@@ -58,25 +48,9 @@ class SignedDownload(PluginBase[SignedDownloadSettings]):
         result = task.get("result") if isinstance(task, dict) else None
         if not isinstance(result, dict) or not result.get("download_url") or not result.get("expire_at"):
             return False
-        task_id, expire_at = task["task_id"], result["expire_at"]
-        if type(task_id) is str and type(expire_at) is str:
-            result["download_url"] = self._link(base, task_id, expire_at)
-        else:
-            result["download_url"] = signed_link(self.services.signer, base, task_id, parse_rfc3339(expire_at),
-                                                 self.settings.path)
+        result["download_url"] = signed_link(self.services.signer, base, task["task_id"],
+                                             parse_rfc3339(result["expire_at"]), self.settings.path)
         return True
-
-    def _link(self, base: str, task_id: str, expire_at: str) -> str:
-        key = (base, task_id, expire_at)
-        link = self._links.get(key)
-        if link is None:
-            signer, result_expires = self.services.signer, parse_rfc3339(expire_at)
-            link = signed_link(signer, base, task_id, result_expires, self.settings.path)
-            if signer.expiry(result_expires) == int(result_expires):
-                if len(self._links) >= MEMO_ENTRIES:
-                    self._links.clear()
-                self._links[key] = link
-        return link
 
     def _verify(self, ctx: RequestContext) -> None:
         expires, sig = link_params(ctx.request.query_params.multi_items())
