@@ -7,7 +7,6 @@ even a leaked secret cannot mint a link that works for years.
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 import re
 import time
@@ -20,7 +19,9 @@ class DownloadSigner:
     def __init__(self, secrets: list[str], max_ttl_sec: int = DEFAULT_MAX_TTL_SEC) -> None:
         if not secrets:
             raise ValueError("at least one download signing secret is needed")
-        self._keys = [s.encode() for s in secrets]
+        # each key's HMAC prepared once and copied per link: OpenSSL 3 sets up a new HMAC (its digest fetched
+        # by name) for ~1 µs, more than the rest of a signed link
+        self._macs = [hmac.new(s.encode(), digestmod="sha256") for s in secrets]
         self.max_ttl_sec = max_ttl_sec
 
     def expiry(self, result_expires: float) -> int:
@@ -28,13 +29,15 @@ class DownloadSigner:
         return min(int(result_expires), int(time.time()) + self.max_ttl_sec)
 
     @staticmethod
-    def _mac(key: bytes, task_id: str, expires: int) -> str:
-        return hmac.new(key, f"{task_id}:{expires}".encode(), hashlib.sha256).hexdigest()
+    def _mac(prepared: hmac.HMAC, task_id: str, expires: int) -> str:
+        mac = prepared.copy()
+        mac.update(f"{task_id}:{expires}".encode())
+        return mac.hexdigest()
 
     def sign(self, task_id: str, expires: int) -> str:
-        return self._mac(self._keys[0], task_id, expires)
+        return self._mac(self._macs[0], task_id, expires)
 
     def verify(self, task_id: str, expires: int, signature: str) -> bool:
         if not _HEX_SHA256.match(signature) or expires > time.time() + self.max_ttl_sec:
             return False
-        return any(hmac.compare_digest(self._mac(k, task_id, expires), signature) for k in self._keys)
+        return any(hmac.compare_digest(self._mac(k, task_id, expires), signature) for k in self._macs)

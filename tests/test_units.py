@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
 import re
 import time
@@ -10,11 +12,14 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from backend_stub.export_job import WRITERS
 from exports_common import contract, webhooks
 from exports_common.errors import ApiError
+from exports_common.list_query import query_pairs
 from exports_common.netpolicy import AddressPolicy, refusal
 from exports_common.otel import TracingConfig
 from exports_common.periodic import periodic, running
@@ -253,3 +258,17 @@ async def test_a_loop_survives_an_unexpected_error_and_logs_its_traceback_once(
         async with running(periodic("drain", step, 0.001, logging.getLogger("test.loop"))):
             await asyncio.wait_for(done.wait(), 10)
     assert [r.exc_info is not None for r in caplog.records] == [True]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="ab=&%+2Fé ;\x00", max_size=24))
+def test_list_query_pairs_read_a_query_as_parse_qsl_does(raw: str) -> None:
+    assert query_pairs(raw) == parse_qsl(raw, keep_blank_values=True)
+
+
+def test_a_signed_link_is_the_hmac_of_its_task_and_expiry_under_the_first_secret() -> None:
+    signer = DownloadSigner(["first", "second"])
+    expected = hmac.new(b"first", b"exp-1:1764669600", hashlib.sha256).hexdigest()
+    assert signer.sign("exp-1", 1764669600) == expected == signer.sign("exp-1", 1764669600)
+    old = hmac.new(b"second", b"exp-1:1764669600", hashlib.sha256).hexdigest()
+    assert signer.verify("exp-1", 1764669600, old) and not signer.verify("exp-2", 1764669600, old)

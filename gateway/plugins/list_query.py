@@ -6,9 +6,8 @@ and never counts toward a breaker; what goes upstream is the checked query, re-e
 from __future__ import annotations
 
 from typing import ClassVar
-from urllib.parse import parse_qsl
 
-from exports_common.list_query import check_list_query
+from exports_common.list_query import check_list_query, query_pairs
 from gateway.context import RequestContext
 from gateway.plugins.base import PluginBase, Settings
 from gateway.response import GatewayResponse
@@ -26,5 +25,5 @@ class ListQuery(PluginBase[ListQuerySettings]):
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         # parsed as Starlette's query_params would be, without building its multi-dict for one pass
         raw = ctx.request.scope["query_string"].decode("latin-1")
-        ctx.query = check_list_query(parse_qsl(raw, keep_blank_values=True)).encode()
+        ctx.query = check_list_query(query_pairs(raw)).encode()
         return await self.next(ctx)
