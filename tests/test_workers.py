@@ -168,11 +168,17 @@ def test_a_killed_worker_is_replaced_and_the_other_serves_meanwhile(stack: Stack
     wait_until(lambda: not Path(f"/proc/{victim}").exists() or "Z" in Path(f"/proc/{victim}/stat").read_text()
                .split(")")[-1].split()[0], 10, what="the killed worker to be gone")
     assert stack.pid_serving() != victim  # the survivor (or already the replacement) answers meanwhile
-    replaced = wait_until(lambda: len(stack.workers()) == 2 and victim not in stack.workers() and stack.workers(),
-                          15, what="a new worker in place of the killed one")
-    newcomer = next(pid for pid in replaced if pid != survivor)
-    with stack.only(newcomer):
-        wait_until(lambda: stack.pid_serving() == newcomer, 15, what="the new worker to serve")
+
+    def newcomer() -> int | None:
+        # /proc's children list is read in pieces and may repeat or skip a pid while a child is reaped or
+        # forked: only two equal snapshots with two distinct pids count
+        seen = stack.workers()
+        fresh = set(seen) - {victim, survivor}
+        return fresh.pop() if len(set(seen)) == 2 and len(fresh) == 1 and stack.workers() == seen else None
+
+    replacement = wait_until(newcomer, 15, what="a new worker in place of the killed one")
+    with stack.only(replacement):
+        wait_until(lambda: stack.pid_serving() == replacement, 15, what="the new worker to serve")
 
 
 def test_workers_without_redis_are_refused_with_what_to_set(tmp_path: Path) -> None:
