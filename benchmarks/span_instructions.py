@@ -27,8 +27,7 @@ def _drive(mode: str, requests: int, endpoint: str) -> None:
     tracing = setup_tracing("gateway", TracingConfig(exporter="none" if mode == "none" else "otlp",
                                                      endpoint=endpoint, sample_ratio=RATIOS[mode]))
     for _ in range(requests):
-        with tracing.server("GET /api/v1/exports/{task_id}", {}, {"http.route": "/api/v1/exports/{task_id}",
-                                                                  "gateway.route": "status"}) as request:
+        with tracing.server("GET", "/api/v1/exports/{task_id}", "status", {}) as request:
             with tracing.client("upstream exports", lambda: {"gateway.attempt": 1}) as upstream:
                 upstream.set_attribute("http.response.status_code", 200)
             request.span.set_attribute("http.response.status_code", 200)

@@ -6,14 +6,22 @@ import logging
 import sys
 import time
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Protocol
 
 task_id_var: ContextVar[str | None] = ContextVar("task_id", default=None)
 trace_id_var: ContextVar[str | None] = ContextVar("trace_id", default=None)
 request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
 _VARS = {"trace_id": trace_id_var, "task_id": task_id_var, "request_id": request_id_var}
-# the ids of the request being answered, set at once (one context variable set per request, not three)
-request_ids_var: ContextVar[dict[str, str | None] | None] = ContextVar("request_ids", default=None)
+
+
+class LogIds(Protocol):
+    """The ids of the request being answered, looked up by name (a dict, or an object finding them when asked)."""
+
+    def get(self, key: str) -> str | None: ...
+
+
+# set at once (one context variable set per request, not three); read only when a line is written
+request_ids_var: ContextVar[LogIds | None] = ContextVar("request_ids", default=None)
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "color_message"}
 
@@ -26,9 +34,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        ids = request_ids_var.get() or {}
+        ids = request_ids_var.get()
         for key, var in _VARS.items():
-            value = record.__dict__.get(key) or var.get() or ids.get(key)
+            value = record.__dict__.get(key) or var.get() or (ids.get(key) if ids is not None else None)
             if value:
                 out[key] = value
         out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD and k not in out})

@@ -54,8 +54,7 @@ class AdminRecovery:
             self.require_admin(request)
             services = self.services()
             # traced as a request to the gateway is, so that what it causes (a re-run's export) links back to it
-            with services.tracing.server(f"{request.method} {route}", request.headers,
-                                         {"http.route": route, "gateway.route": action},
+            with services.tracing.server(request.method, route, action, request.headers,
                                          request.scope.get("client")) as admin_trace:
                 trace_id_var.set(admin_trace.trace_id)
                 answer, content = await self._call(request, action, path, services)

@@ -10,16 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from starlette.requests import Request
-
 from exports_common.json_body import read_limited, too_large
+from gateway.request import GatewayRequest
 from gateway.response import GatewayResponse
 from gateway.upstream import Timeouts
 
 
 @dataclass(slots=True)  # one per request: slots make it smaller and its fields quicker to reach
 class RequestContext:
-    request: Request
+    request: GatewayRequest
     method: str
     route_name: str
     upstream: str

@@ -14,7 +14,7 @@ import time
 
 from opentelemetry.trace import INVALID_SPAN
 from redis.exceptions import RedisError
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import ClientDisconnect
 from starlette.types import Scope
 
 from exports_common.connection_limits import HEADER_BYTES_BOUND
@@ -23,6 +23,7 @@ from exports_common.jsonlog import request_ids_var
 from exports_common.redis_client import store_unavailable
 from gateway import access_log
 from gateway.context import RequestContext
+from gateway.request import GatewayRequest
 from gateway.response import GatewayResponse
 from gateway.runtime import Runtime
 from gateway.upstream import UpstreamError
@@ -58,7 +59,7 @@ def refuse_headers(runtime: Runtime, scope: Scope) -> GatewayResponse | None:
                                                                        f"{limit} bytes"))
 
 
-async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
+async def handle(runtime: Runtime, request: GatewayRequest) -> GatewayResponse:
     scope = request.scope
     method, path = scope["method"], scope["path"]
     match = runtime.router.match(method, path)
@@ -78,11 +79,8 @@ async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
     )
     services = runtime.services
     started = time.perf_counter()
-    with services.tracing.server(f"{method} {route.path}", headers,
-                                 {"http.route": route.path, "gateway.route": route.name},
-                                 scope.get("client")) as request_trace:
-        request_ids_var.set({"request_id": ctx.request_id, "trace_id": request_trace.trace_id,
-                             "task_id": match.params.get("task_id")})
+    with services.tracing.server(method, route.path, route.name, headers, scope.get("client")) as request_trace:
+        request_ids_var.set(_LogIds(ctx.request_id, request_trace.trace_int, match.params.get("task_id")))
         resp = await _run_chain(runtime, ctx)
         if request_trace.span is not INVALID_SPAN:  # an unsampled request's span records nothing: no call
             request_trace.span.set_attribute("http.response.status_code", resp.status)
@@ -90,10 +88,28 @@ async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
         resp.set_header(name, value)
     resp.set_header("x-request-id", ctx.request_id)
     elapsed = time.perf_counter() - started
-    services.metrics.requests.record(elapsed, route.name, method, route.path, str(resp.status))
+    services.metrics.requests.record(elapsed, route.name, method, route.path, resp.status)
     if runtime.config.access_log:
         access_log.write(ctx, resp, elapsed, request_trace.trace_id)
     return resp
+
+
+class _LogIds:
+    """The request's ids for its log lines, the trace id formatted only when one is written.
+
+    Plain values only: it lives in the request's context, and a reference back to the context (a `ServerTrace`
+    holds its token) would make every request's objects a cycle for the garbage collector.
+    """
+
+    __slots__ = ("request_id", "task_id", "trace")
+
+    def __init__(self, request_id: str, trace: int, task_id: str | None) -> None:
+        self.request_id, self.trace, self.task_id = request_id, trace, task_id
+
+    def get(self, key: str) -> str | None:
+        if key == "trace_id":
+            return f"{self.trace:032x}"
+        return self.request_id if key == "request_id" else self.task_id if key == "task_id" else None
 
 
 async def _run_chain(runtime: Runtime, ctx: RequestContext) -> GatewayResponse:

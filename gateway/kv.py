@@ -12,12 +12,15 @@ import sqlite3
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from exports_common.redis_client import AnyRedis
 
 
 class KeyValue(Protocol):
+    # a store held in this process reads without I/O: `get` without its await (None when it needs I/O)
+    get_now: Callable[[str], bytes | None] | None
+
     async def get(self, key: str) -> bytes | None: ...
 
     async def set(self, key: str, value: bytes, ttl: float) -> None: ...
@@ -41,6 +44,7 @@ class MemoryKV:
         self.max_items = max_items
         self._items: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         self._indexes: dict[str, dict[str, float]] = {}
+        self.get_now: Callable[[str], bytes | None] | None = self._live
 
     def _live(self, key: str) -> bytes | None:
         item = self._items.get(key)
@@ -93,6 +97,7 @@ class SqliteKV:
     """Durable across restarts of one gateway process; statements are sub-millisecond."""
 
     PURGE_EVERY = 1000  # writes between deletions of expired rows
+    get_now: Callable[[str], bytes | None] | None = None  # a read is a statement on a file
 
     def __init__(self, path: Path, table: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -174,6 +179,8 @@ return 1
 
 
 class RedisKV:
+    get_now: Callable[[str], bytes | None] | None = None
+
     def __init__(self, client: AnyRedis, prefix: str) -> None:
         self.redis = client
         self.prefix = prefix

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from redis.exceptions import RedisError
@@ -53,6 +53,13 @@ class Quota:
 
     per_sec: float
     burst: int
+    # worked out once, not on every request: the time one request takes from the bucket, and the bucket's depth
+    interval: float = field(init=False, repr=False, compare=False)
+    tolerance: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "interval", 1.0 / self.per_sec)
+        object.__setattr__(self, "tolerance", self.burst / self.per_sec)
 
     @property
     def window_sec(self) -> float:
@@ -72,17 +79,15 @@ class Decision(NamedTuple):
     reset: float  # seconds until the bucket is full again
 
 
-def gcra(tat: float, now: float, quota: Quota) -> tuple[Decision, float | None]:
-    """The decision for one request at `now`, and the bucket's new TAT (None: refused, unchanged)."""
-    interval = 1.0 / quota.per_sec
-    tolerance = quota.burst * interval
+def gcra(tat: float, now: float, quota: Quota) -> Decision:
+    """The decision for one request at `now`. Admitted, the bucket's new TAT is `now + decision.reset`."""
+    interval, tolerance = quota.interval, quota.tolerance
     tat = tat if tat > now else now  # not max(): a call, on every request
-    new_tat = tat + interval
-    if new_tat - now > tolerance:
-        return Decision(False, 0, new_tat - tolerance - now, tat - now), None
+    ahead = tat + interval - now
+    if ahead > tolerance:
+        return Decision(False, 0, ahead - tolerance, tat - now)
     # tuple.__new__: the admitted decision, made for every request, without NamedTuple's __new__ frame
-    return tuple.__new__(Decision, (True, math.floor((tolerance - (new_tat - now)) / interval + 1e-9), 0.0,
-                                    new_tat - now)), new_tat
+    return tuple.__new__(Decision, (True, math.floor((tolerance - ahead) / interval + 1e-9), 0.0, ahead))
 
 
 # a bucket of this process: (tag, limit), cheaper to make than the Redis key and meaningful only here
@@ -98,9 +103,9 @@ class LocalBuckets:
 
     def hit(self, key: LocalKey, quota: Quota) -> Decision:
         now = time.monotonic()
-        decision, new_tat = gcra(self._tat.get(key, now), now, quota)
-        if new_tat is not None:
-            self._tat[key] = new_tat
+        decision = gcra(self._tat.get(key, now), now, quota)
+        if decision.allowed:
+            self._tat[key] = now + decision.reset
             if len(self._tat) > self._sweep_at:
                 self._tat = {k: tat for k, tat in self._tat.items() if tat > now}
                 self._sweep_at = max(10_000, 2 * len(self._tat))

@@ -22,6 +22,13 @@ class RequestHeaders(Headers):
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
         self._list = raw  # what Headers(raw=raw) keeps, without its argument checks
 
+    def raw_value(self, name: bytes) -> bytes | None:
+        """The first value of header `name` (lower case) as sent: no name to encode, no value to decode."""
+        for candidate, value in self._list:
+            if candidate == name:
+                return value
+        return None
+
     def get(self, key: str, default: Any = None) -> Any:
         name = key.lower().encode("latin-1")
         for candidate, value in self._list:
@@ -31,16 +38,17 @@ class RequestHeaders(Headers):
 
 
 class GatewayRequest(Request):
+    # the fields Request.__init__ sets to the same value for every request, read from the class until one changes
+    _send = staticmethod(empty_send)
+    _stream_consumed = False
+    _is_disconnected = False
+    _form = None
+
     def __init__(self, scope: Scope, receive: Receive) -> None:
-        # the fields Request.__init__ sets, set here in one call
         self.scope = scope
         self._receive = receive
-        self._send = empty_send
-        self._stream_consumed = False
-        self._is_disconnected = False
-        self._form = None
-        self._headers = RequestHeaders(scope["headers"])
+        self._headers: RequestHeaders = RequestHeaders(scope["headers"])
 
     @property
-    def headers(self) -> Headers:
+    def headers(self) -> RequestHeaders:
         return self._headers

@@ -87,32 +87,43 @@ def _histogram(name: str, description: str, labels: Iterable[str],
     return family
 
 
+class _Series:
+    """One histogram series: a count per bucket (the last is +Inf) and the sum of what was observed."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BOUNDS) + 1)
+        self.total = 0.0
+
+
 class RequestStats:
     """Every answered request, recorded once and exported three ways.
 
     One histogram keyed by (route, method, route path, status) gives the request
     count by route and status, the latency by route (the gateway's own names), and
     OpenTelemetry's `http.server.request.duration` by method, route and status.
+    The status stays a number until exported: every request records one.
     """
 
     def __init__(self) -> None:
-        self.counts: dict[tuple[str, str, str, str], list[int]] = {}
-        self.sums: defaultdict[tuple[str, str, str, str], float] = defaultdict(float)
+        self.series: dict[tuple[str, str, str, int], _Series] = {}
 
-    def record(self, seconds: float, route: str, method: str, path: str, status: str) -> None:
-        key = (route, method, path, status)
-        counts = self.counts.get(key)
-        if counts is None:
-            counts = self.counts[key] = [0] * (len(BOUNDS) + 1)
-        counts[bisect.bisect_left(BOUNDS, seconds)] += 1
-        self.sums[key] += seconds
+    def record(self, seconds: float, route: str, method: str, path: str, status: int) -> None:
+        series = self.series.get((route, method, path, status))
+        if series is None:
+            series = self.series[(route, method, path, status)] = _Series()
+        series.counts[bisect.bisect_left(BOUNDS, seconds)] += 1
+        series.total += seconds
 
     def total(self, **match: str) -> int:
         idx = {"route": 0, "method": 1, "path": 2, "status": 3}
-        return sum(sum(c) for k, c in self.counts.items() if all(k[idx[n]] == v for n, v in match.items()))
+        return sum(sum(s.counts) for k, s in self.series.items()
+                   if all(str(k[idx[n]]) == v for n, v in match.items()))
 
     def families(self) -> Iterator[Metric]:
-        snapshot = [(k, list(c), self.sums[k]) for k, c in list(self.counts.items())]
+        snapshot = [((route, method, path, str(status)), list(s.counts), s.total)
+                    for (route, method, path, status), s in list(self.series.items())]
         requests = CounterMetricFamily("gateway_requests", "client requests by route and status",
                                        labels=("route", "status"))
         by_route: dict[str, tuple[list[int], float]] = {}

@@ -32,30 +32,35 @@ class Limits:
 class TenantDirectory:
     def __init__(self, key_hashes: dict[str, list[str]], limits: Limits | None = None) -> None:
         self._by_hash = {h.lower(): tenant for tenant, hashes in key_hashes.items() for h in hashes}
-        # valid keys already seen, so that a request (judged by rate_limit, then auth) hashes its key once at
-        # most: only keys that matched are kept, so its size is bounded by the configured keys, never by
-        # what clients send; it lives as long as this config (a reload builds a new directory)
-        self._known: dict[str, str] = {}
+        # `Authorization` values already seen to name a tenant, as sent, so that a request (judged by rate_limit,
+        # then auth) hashes its key once at most and most never: only the canonical form (`Bearer <key>`) of a
+        # key that matched is kept, so its size is bounded by the configured keys, never by what clients send;
+        # it lives as long as this config (a reload builds a new directory)
+        self._known: dict[bytes, str] = {}
         self.limits = limits or Limits()
 
     def lookup(self, api_key: str) -> str | None:
-        tenant = self._known.get(api_key)
-        if tenant is None:
-            # the lookup is by hash: its timing tells nothing about the key itself
-            tenant = self._by_hash.get(hash_key(api_key))
-            if tenant is not None and len(self._known) < len(self._by_hash):
-                self._known[api_key] = tenant
+        # by hash: its timing tells nothing about the key itself
+        return self._by_hash.get(hash_key(api_key))
+
+    def bearer(self, authorization: bytes) -> str | None:
+        """The tenant an `Authorization: Bearer <key>` header's value names, or None."""
+        tenant = self._known.get(authorization)
+        if tenant is not None:
+            return tenant
+        scheme, _, key = authorization.decode("latin-1").partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        key = key.strip()
+        tenant = self.lookup(key)
+        if tenant is not None and authorization == b"Bearer " + key.encode("latin-1"):
+            self._known[authorization] = tenant
         return tenant
 
-    def bearer(self, authorization: str) -> str | None:
-        """The tenant an `Authorization: Bearer <key>` header names, or None."""
-        scheme, _, key = authorization.partition(" ")
-        return self.lookup(key.strip()) if scheme.lower() == "bearer" else None
-
     def caller(self, ctx: RequestContext) -> str | None:
-        """The tenant the request's Authorization header names; the key is hashed once per request."""
+        """The tenant the request's Authorization header names; the key is hashed once per request at most."""
         if not ctx.caller_resolved:
-            header = ctx.request.headers.get("authorization")
+            header = ctx.request.headers.raw_value(b"authorization")
             ctx.caller = self.bearer(header) if header else None
             ctx.caller_resolved = True
         return ctx.caller

@@ -93,9 +93,9 @@ class _Span(ReadableSpan):
         self.end()
 
 
-# the trace the current request is in: fresh (trace id, span id) of an unrecorded new trace (no object
-# built for it), a caller's unrecorded context passed on as it came, or the span being recorded
-_Trace = tuple[int, int] | SpanContext | _Span | None
+# the trace the current request is in: the fresh trace id of an unrecorded new trace (no object built for
+# it), a caller's unrecorded context passed on as it came, or the span being recorded
+_Trace = int | SpanContext | _Span | None
 _current: ContextVar[_Trace] = ContextVar("gateway_trace", default=None)
 _NOT_RECORDED = contextlib.nullcontext(trace.INVALID_SPAN)  # a call out of a request that is not recorded
 
@@ -104,10 +104,15 @@ class ServerTrace:
     """A request's trace while it is served: its trace id (for the logs) and its span (`trace.INVALID_SPAN` when
     not recorded). Entered, it is the current trace; left, its span ends."""
 
-    __slots__ = ("current", "span", "token", "trace_id")
+    __slots__ = ("current", "span", "token", "trace_int")
 
-    def __init__(self, trace_id: str, span: SpanLike, current: _Trace) -> None:
-        self.trace_id, self.span, self.current = trace_id, span, current
+    def __init__(self, trace_int: int, span: SpanLike, current: _Trace) -> None:
+        self.trace_int, self.span, self.current = trace_int, span, current
+
+    @property
+    def trace_id(self) -> str:
+        """As logs write it: formatted only when a line is written (most requests write none)."""
+        return f"{self.trace_int:032x}"
 
     def __enter__(self) -> ServerTrace:
         self.token = _current.set(self.current)
@@ -128,8 +133,8 @@ def inject(carrier: dict[str, str]) -> None:
         span_context: SpanContext = current.context
     elif isinstance(current, SpanContext):
         span_context = current
-    else:  # the fresh ids of a new trace not recorded
-        carrier["traceparent"] = f"00-{current[0]:032x}-{current[1]:016x}-00"
+    else:  # a new trace not recorded: its span id is made only now, when a call leaves the gateway
+        carrier["traceparent"] = f"00-{current:032x}-{random.getrandbits(64) or 1:016x}-00"
         return
     carrier["traceparent"] = (f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
                               f"{span_context.trace_flags:02x}")
@@ -163,20 +168,27 @@ class Tracing:
         return SpanContext(parent.trace_id, parent.span_id, is_remote=True, trace_state=parent.trace_state,
                            trace_flags=_SAMPLED if parent.trace_id & _LOW_64 < self.bound else _NOT_SAMPLED)
 
-    def server(self, name: str, headers: Mapping[str, str], attributes: dict[str, Any],
+    def server(self, method: str, route: str, route_name: str, headers: Mapping[str, str],
                client: tuple[str, int] | None = None) -> ServerTrace:
-        """The request's trace, to be entered for as long as it is served."""
+        """The request's trace, to be entered for as long as it is served.
+
+        The span's name and attributes are made only for a request that is recorded.
+        """
         parent = self._client_context(headers, client)
         if parent is None:
             trace_id = random.getrandbits(128) or 1
             if trace_id & _LOW_64 >= self.bound:
-                return ServerTrace(f"{trace_id:032x}", trace.INVALID_SPAN, (trace_id, random.getrandbits(64) or 1))
-            span = self._start(name, SpanKind.SERVER, None, attributes, trace_id)
-        elif self.processor is not None and parent.trace_flags.sampled:
-            span = self._start(name, SpanKind.SERVER, parent, attributes)
-        else:
-            return ServerTrace(f"{parent.trace_id:032x}", trace.INVALID_SPAN, parent)
-        return ServerTrace(f"{span.context.trace_id:032x}", span, span)
+                return ServerTrace(trace_id, trace.INVALID_SPAN, trace_id)
+            return self._recorded(method, route, route_name, None, trace_id)
+        if self.processor is None or not parent.trace_flags.sampled:
+            return ServerTrace(parent.trace_id, trace.INVALID_SPAN, parent)
+        return self._recorded(method, route, route_name, parent, None)
+
+    def _recorded(self, method: str, route: str, route_name: str, parent: SpanContext | None,
+                  trace_id: int | None) -> ServerTrace:
+        span = self._start(f"{method} {route}", SpanKind.SERVER, parent,
+                           {"http.route": route, "gateway.route": route_name}, trace_id)
+        return ServerTrace(span.context.trace_id, span, span)
 
     def client(self, name: str, attributes: Callable[[], dict[str, Any]]) -> AbstractContextManager[SpanLike]:
         """A span for a call out, under the request's when that one records (`attributes` is called only then)."""

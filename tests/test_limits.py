@@ -206,13 +206,13 @@ def test_gcra_admits_the_burst_at_once_then_the_rate() -> None:
     tat, now = 0.0, 100.0
     decisions = []
     for _ in range(6):
-        decision, new_tat = gcra(tat, now, quota)
+        decision = gcra(tat, now, quota)
         decisions.append(decision)
-        tat = new_tat if new_tat is not None else tat
+        tat = now + decision.reset if decision.allowed else tat
     assert [d.allowed for d in decisions] == [True] * 5 + [False]
     assert [d.remaining for d in decisions[:5]] == [4, 3, 2, 1, 0]
     assert decisions[5].retry_after == pytest.approx(0.1)
-    assert gcra(tat, now + 0.1, quota)[0].allowed
+    assert gcra(tat, now + 0.1, quota).allowed
     assert Quota(per_sec=10, burst=5).share(2) == Quota(per_sec=5, burst=2)
 
 

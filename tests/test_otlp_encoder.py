@@ -97,7 +97,7 @@ def test_the_gateways_own_spans_encode_as_the_library_does() -> None:
     tracing = Tracing(installed, TracingConfig(exporter="otlp", sample_ratio=1.0))
     caller = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "a=b"}
     for headers in ({}, caller):
-        with tracing.server("GET /x/{id}", headers, {"http.route": "/x/{id}"}, ("127.0.0.1", 1)) as request:
+        with tracing.server("GET", "/x/{id}", "x", headers, ("127.0.0.1", 1)) as request:
             with tracing.client("upstream exports", lambda: {"gateway.attempt": 1}) as upstream:
                 upstream.set_status(StatusCode.ERROR, "reset")
             request.span.set_attribute("http.response.status_code", 502)

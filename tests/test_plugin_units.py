@@ -14,7 +14,6 @@ from typing import Any, Awaitable, Callable
 
 import pytest
 from pydantic import ValidationError
-from starlette.requests import Request
 
 from exports_common.otel import TracingConfig
 from exports_common.signing import DownloadSigner
@@ -29,6 +28,7 @@ from gateway.plugins.circuit_breaker import CircuitBreaker
 from gateway.plugins.retry import Retry
 from gateway.plugins.timeout import Timeout
 from gateway.proxy import Proxy
+from gateway.request import GatewayRequest
 from gateway.response import GatewayResponse
 from gateway.runtime import build_chain
 from gateway.services import Services, State
@@ -64,8 +64,8 @@ def context(method: str = "GET", body: bytes = b"", params: dict[str, str] | Non
         return {"type": "http.request", "body": body, "more_body": False}
 
     scope = {"type": "http", "method": method, "path": "/s", "headers": [], "query_string": b""}
-    return RequestContext(request=Request(scope, receive), method=method, route_name="submit", upstream="exports",
-                          upstream_path="/s", params=params or {}, request_id="r", **fields)
+    return RequestContext(request=GatewayRequest(scope, receive), method=method, route_name="submit",
+                          upstream="exports", upstream_path="/s", params=params or {}, request_id="r", **fields)
 
 
 def plugin(name: str, settings: dict[str, Any], upstream: Upstream, svc: Services) -> Plugin:

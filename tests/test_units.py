@@ -31,6 +31,7 @@ from gateway.config import RouteConfig
 from gateway.plugins.status_cache import poll_interval
 from gateway.response import GatewayResponse
 from gateway.router import Router
+from gateway.tenants import TenantDirectory, hash_key
 from gateway.upstream import UpstreamError
 
 
@@ -272,3 +273,12 @@ def test_a_signed_link_is_the_hmac_of_its_task_and_expiry_under_the_first_secret
     assert signer.sign("exp-1", 1764669600) == expected == signer.sign("exp-1", 1764669600)
     old = hmac.new(b"second", b"exp-1:1764669600", hashlib.sha256).hexdigest()
     assert signer.verify("exp-1", 1764669600, old) and not signer.verify("exp-2", 1764669600, old)
+
+
+def test_a_key_is_remembered_only_in_its_canonical_header() -> None:
+    """Remembered `Authorization` values skip the hash; variants of one key must not grow that memory."""
+    directory = TenantDirectory({"acme": [hash_key("k1")]})
+    for header in (b"Bearer k1", b"bearer k1", b"Bearer  k1 ", b"BEARER k1", b"Bearer k1"):
+        assert directory.bearer(header) == "acme"
+    assert directory.bearer(b"Bearer k2") is None and directory.bearer(b"Basic k1") is None
+    assert list(directory._known) == [b"Bearer k1"]

@@ -66,6 +66,7 @@ class StatusCache(PluginBase[StatusCacheSettings]):
         super().__init__(next, settings, services, route)
         self.terminal = frozenset(settings.terminal_statuses)
         self.store = _store(services)
+        self.get_now = self.store.get_now
         self.param = settings.param
         self.lookups = _lookups(services)
         for result in ("hit", "miss", "coalesced"):
@@ -83,7 +84,7 @@ class StatusCache(PluginBase[StatusCacheSettings]):
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         key = ctx.tenant_key(self.param)
-        raw = await self.store.get(key)
+        raw = self.get_now(key) if self.get_now is not None else await self.store.get(key)
         if raw is not None:
             self.lookups.add(self.route, "hit")
             decoded = self._decoded.get(key)
