@@ -29,6 +29,10 @@ log = logging.getLogger("gateway.limiter")
 REDIS_RETRY_SEC = 1.0
 # a check that Redis has not answered by then is decided locally (a stalled Redis must not stall requests)
 REDIS_TIMEOUT_SEC = 0.25
+# A request is admitted when it fits within half an interval: a bucket's sums meet its depth only up to
+# rounding (clocks are large numbers: seconds since boot here, milliseconds since 1970 in Redis, where the TAT
+# is also stored to the microsecond), and compared exactly a full burst sent at one instant often lost its
+# last request. Half an interval is far above the rounding and can never admit a whole request more.
 
 _GCRA = """
 local t = redis.call('TIME')
@@ -39,11 +43,11 @@ local tat = now
 local stored = redis.call('GET', KEYS[1])
 if stored then tat = math.max(tonumber(stored), now) end
 local new_tat = tat + interval
-if new_tat - now > tolerance then
+if new_tat - now - tolerance > interval / 2 then
   return {0, 0, math.ceil(new_tat - tolerance - now), math.ceil(tat - now)}
 end
 redis.call('SET', KEYS[1], string.format('%.3f', new_tat), 'PX', math.ceil(new_tat - now) + 1)
-return {1, math.floor((tolerance - (new_tat - now)) / interval), 0, math.ceil(new_tat - now)}
+return {1, math.max(0, math.floor((tolerance - (new_tat - now)) / interval + 1e-9)), 0, math.ceil(new_tat - now)}
 """
 
 
@@ -84,10 +88,11 @@ def gcra(tat: float, now: float, quota: Quota) -> Decision:
     interval, tolerance = quota.interval, quota.tolerance
     tat = tat if tat > now else now  # not max(): a call, on every request
     ahead = tat + interval - now
-    if ahead > tolerance:
+    if ahead - tolerance > 0.5 * interval:
         return Decision(False, 0, ahead - tolerance, tat - now)
+    left = math.floor((tolerance - ahead) / interval + 1e-9)  # -1 for the last half interval
     # tuple.__new__: the admitted decision, made for every request, without NamedTuple's __new__ frame
-    return tuple.__new__(Decision, (True, math.floor((tolerance - ahead) / interval + 1e-9), 0.0, ahead))
+    return tuple.__new__(Decision, (True, left if left > 0 else 0, 0.0, ahead))
 
 
 # a bucket of this process: (tag, limit), cheaper to make than the Redis key and meaningful only here

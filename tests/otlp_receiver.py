@@ -68,9 +68,9 @@ class OtlpReceiver:
     def spans(self) -> list[Span]:
         """Every span received so far."""
         with self.lock:
-            for body in self._received:
+            received, self._received = self._received, []
+            for body in received:  # each request decoded once, even if a later one fails to decode
                 self._keep(ExportTraceServiceRequest.FromString(body))
-            self._received.clear()
             return list(self._spans)
 
     def _keep(self, request: ExportTraceServiceRequest) -> None:

@@ -6,6 +6,7 @@ limits raised through the environment).
 """
 from __future__ import annotations
 
+import random
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,8 +15,9 @@ from typing import Any, Callable
 
 import httpx
 import pytest
+from redis import asyncio as aioredis
 
-from gateway.limiter import Quota, gcra
+from gateway.limiter import Limiter, Quota, gcra
 from tests.conftest import ADMIN_TOKEN, DEMO2_KEY, DEMO_KEY, backend_config, gateway_config
 from tests.helpers import assert_envelope_error
 from tests.procs import RedisServer, Service, free_port, load_default
@@ -214,6 +216,36 @@ def test_gcra_admits_the_burst_at_once_then_the_rate() -> None:
     assert decisions[5].retry_after == pytest.approx(0.1)
     assert gcra(tat, now + 0.1, quota).allowed
     assert Quota(per_sec=10, burst=5).share(2) == Quota(per_sec=5, burst=2)
+
+
+def test_a_full_burst_at_one_instant_is_admitted_whole_whatever_the_clock_reads() -> None:
+    """Clocks are large numbers: the bucket's sums meet its depth only up to rounding, and the last request of a
+    burst must not be the one that pays for it."""
+    rng = random.Random(16)
+    for quota in (Quota(5, 10), Quota(20, 50), Quota(100, 200), Quota(3, 7)):
+        for _ in range(300):
+            now = rng.uniform(1e3, 1e9)
+            tat, admitted = now, []
+            for _ in range(quota.burst + 1):
+                decision = gcra(tat, now, quota)
+                admitted.append(decision.allowed)
+                tat = now + decision.reset if decision.allowed else tat
+                assert decision.remaining >= 0
+            assert admitted == [True] * quota.burst + [False], (quota, now)
+
+
+async def test_a_full_burst_through_redis_is_admitted_whole_then_refused(redis_server: RedisServer) -> None:
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        limiter = Limiter(client, "burst")
+        for quota in (Quota(1, 10), Quota(1, 50), Quota(1, 7)):
+            tag = f"tenant-{quota.burst}"
+            decisions = [await limiter.hit(tag, "requests", quota, 1) for _ in range(quota.burst + 1)]
+            assert [d.allowed for d in decisions] == [True] * quota.burst + [False], quota
+            assert [d.remaining for d in decisions[:quota.burst]] == list(range(quota.burst - 1, -1, -1))
+            assert decisions[-1].retry_after > 0
+    finally:
+        await client.aclose()
 
 
 def test_every_shipped_route_is_rate_limited_before_auth() -> None:
