@@ -57,18 +57,14 @@ class Quota:
 
     per_sec: float
     burst: int
-    # worked out once, not on every request: the time one request takes from the bucket, and the bucket's depth
+    # worked out once, not on every request: the time one request takes from the bucket, and the time an
+    # empty bucket takes to fill (its depth: the policy is `burst` requests per this window)
     interval: float = field(init=False, repr=False, compare=False)
-    tolerance: float = field(init=False, repr=False, compare=False)
+    window_sec: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "interval", 1.0 / self.per_sec)
-        object.__setattr__(self, "tolerance", self.burst / self.per_sec)
-
-    @property
-    def window_sec(self) -> float:
-        """The time an empty bucket takes to fill: the policy is `burst` requests per this window."""
-        return self.burst / self.per_sec
+        object.__setattr__(self, "window_sec", self.burst / self.per_sec)
 
     def share(self, processes: int) -> Quota:
         return Quota(self.per_sec / processes, max(1, self.burst // processes))
@@ -85,7 +81,7 @@ class Decision(NamedTuple):
 
 def gcra(tat: float, now: float, quota: Quota) -> Decision:
     """The decision for one request at `now`. Admitted, the bucket's new TAT is `now + decision.reset`."""
-    interval, tolerance = quota.interval, quota.tolerance
+    interval, tolerance = quota.interval, quota.window_sec
     tat = tat if tat > now else now  # not max(): a call, on every request
     ahead = tat + interval - now
     if ahead - tolerance > 0.5 * interval:
@@ -158,7 +154,7 @@ class Limiter:
         try:
             async with asyncio.timeout(REDIS_TIMEOUT_SEC):
                 allowed, remaining, retry_ms, reset_ms = await self._script(
-                    keys=[key], args=[1000.0 / quota.per_sec, 1000.0 * quota.window_sec])
+                    keys=[key], args=[1000.0 * quota.interval, 1000.0 * quota.window_sec])
         except (RedisError, OSError, TimeoutError) as exc:
             if not self._redis_down_until:
                 log.warning("rate limits: Redis unreachable; each gateway process enforces its share locally "

@@ -30,11 +30,8 @@ class RequestHeaders(Headers):
         return None
 
     def get(self, key: str, default: Any = None) -> Any:
-        name = key.lower().encode("latin-1")
-        for candidate, value in self._list:
-            if candidate == name:
-                return value.decode("latin-1")
-        return default
+        value = self.raw_value(key.lower().encode("latin-1"))
+        return default if value is None else value.decode("latin-1")
 
 
 class GatewayRequest(Request):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Callable, Iterable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -57,36 +57,6 @@ class Tally:
         yield family
 
 
-class LatencyHistogram:
-    """Seconds in Prometheus histogram buckets: a bisect and an increment per observation."""
-
-    def __init__(self, name: str, labels: tuple[str, ...], description: str) -> None:
-        self.name = name
-        self.labels = labels
-        self.description = description
-        self.counts: dict[tuple[str, ...], list[int]] = {}
-        self.sums: defaultdict[tuple[str, ...], float] = defaultdict(float)
-
-    def record(self, seconds: float, *values: str) -> None:
-        counts = self.counts.get(values)
-        if counts is None:
-            counts = self.counts[values] = [0] * (len(BOUNDS) + 1)
-        counts[bisect.bisect_left(BOUNDS, seconds)] += 1
-        self.sums[values] += seconds
-
-    def families(self) -> Iterator[Metric]:
-        yield _histogram(self.name, self.description, self.labels,
-                         ((list(k), c, self.sums[k]) for k, c in list(self.counts.items())))
-
-
-def _histogram(name: str, description: str, labels: Iterable[str],
-               series: Iterable[tuple[list[str], list[int], float]]) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, description, labels=list(labels))
-    for values, counts, total in series:
-        family.add_metric(values, list(zip(_BOUND_LABELS, itertools.accumulate(counts), strict=True)), total)
-    return family
-
-
 class _Series:
     """One histogram series: a count per bucket (the last is +Inf) and the sum of what was observed."""
 
@@ -95,6 +65,38 @@ class _Series:
     def __init__(self) -> None:
         self.counts = [0] * (len(BOUNDS) + 1)
         self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(BOUNDS, seconds)] += 1
+        self.total += seconds
+
+
+class LatencyHistogram:
+    """Seconds in Prometheus histogram buckets: a bisect and an increment per observation."""
+
+    def __init__(self, name: str, labels: tuple[str, ...], description: str) -> None:
+        self.name = name
+        self.labels = labels
+        self.description = description
+        self.series: dict[tuple[str, ...], _Series] = {}
+
+    def record(self, seconds: float, *values: str) -> None:
+        series = self.series.get(values)
+        if series is None:
+            series = self.series[values] = _Series()
+        series.observe(seconds)
+
+    def families(self) -> Iterator[Metric]:
+        yield _histogram(self.name, self.description, self.labels,
+                         ((list(k), list(s.counts), s.total) for k, s in list(self.series.items())))
+
+
+def _histogram(name: str, description: str, labels: Iterable[str],
+               series: Iterable[tuple[list[str], list[int], float]]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, description, labels=list(labels))
+    for values, counts, total in series:
+        family.add_metric(values, list(zip(_BOUND_LABELS, itertools.accumulate(counts), strict=True)), total)
+    return family
 
 
 class RequestStats:
@@ -113,8 +115,7 @@ class RequestStats:
         series = self.series.get((route, method, path, status))
         if series is None:
             series = self.series[(route, method, path, status)] = _Series()
-        series.counts[bisect.bisect_left(BOUNDS, seconds)] += 1
-        series.total += seconds
+        series.observe(seconds)
 
     def total(self, **match: str) -> int:
         idx = {"route": 0, "method": 1, "path": 2, "status": 3}
