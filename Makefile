@@ -9,7 +9,7 @@ $(STAMP): pyproject.toml examples/tenant_allowlist/pyproject.toml
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]' -e examples/tenant_allowlist
 	touch $(STAMP)
 
-.PHONY: install run test check bench cluster docs
+.PHONY: install run test check dist bench cluster docs
 install: $(STAMP)
 
 run: $(STAMP)
@@ -28,6 +28,14 @@ docs: $(STAMP)
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# both distributions, each as sdist and wheel (the wheel built from the sdist), into dist/, checked by twine:
+# export-gateway (the root: everything) and exports-client (sdk/: the client SDK and exportctl alone)
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(PY) -m build --outdir dist sdk
+	$(VENV)/bin/twine check --strict dist/*
 
 # Redis, an S3-compatible store, 2 backends, 2 gateways and nginx in front, until Ctrl-C
 cluster: $(STAMP)
