@@ -210,6 +210,32 @@ async def test_an_origin_with_its_own_pool_size_is_bounded_by_it() -> None:
 
 
 @on_both_loops
+async def test_a_new_pool_size_applies_to_requests_waiting_and_to_later_ones() -> None:
+    in_flight = InFlight()
+    async with uvicorn_server(in_flight) as url:
+        client = HttpClient(1, pool_sizes={url: 2})
+        try:
+            calls = [asyncio.create_task(get(client, f"{url}/held")) for _ in range(6)]
+            await poll(lambda: in_flight.now == 2, "two requests at the server")
+            client.resize({url: 4})  # a reload that raises the bound: two of the waiting go at once
+            await poll(lambda: in_flight.now == 4, "four requests at the server")
+            client.resize({url: 1})  # lowered while four are lent: it holds once they are back
+            in_flight.release.set()
+            assert [status for status, _ in await asyncio.gather(*calls)] == [200] * 6
+            in_flight.release.clear()
+            in_flight.most = 0
+            calls = [asyncio.create_task(get(client, f"{url}/held")) for _ in range(3)]
+            await poll(lambda: in_flight.now == 1, "one request at the server")
+            for _ in range(3):  # a few turns of the loop: nothing more may arrive while it is held
+                await asyncio.sleep(0)
+            in_flight.release.set()
+            assert [status for status, _ in await asyncio.gather(*calls)] == [200] * 3
+        finally:
+            await client.close()
+    assert in_flight.most == 1
+
+
+@on_both_loops
 async def test_chunked_answer_whole_and_streamed() -> None:
     expected = b"".join(f"part {i};".encode() for i in range(50))
     async with uvicorn_server() as url, client_of() as client:
