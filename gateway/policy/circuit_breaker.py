@@ -101,6 +101,8 @@ class CircuitBreaker:
         s = use.settings
         # made (or given these settings) when the route is built: a reload applies new settings at once
         self.breaker: Breaker = services.breakers.get(use.name, s.fail_max, s.reset_timeout_sec, s.window_sec)
+        for state in STATES:  # zero from the start, for an alert's rate()
+            services.metrics.breaker_transitions.seed(use.name, state)
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         return await guarded(self.breaker, lambda: self.next(ctx), self.failures, ctx.tenant)
