@@ -113,6 +113,7 @@ def test_a_broken_package_no_route_names_costs_nothing(tmp_path: Path) -> None:
 def test_unknown_plugin_and_settings_keys_suggest_the_nearest_name(tmp_path: Path) -> None:
     path = config_naming(tmp_path, ["auth"])
     config = yaml.safe_load(path.read_text())
+    # retry as a plugin: the older shape, whose problems are still named at their place in the file
     config["routes"][0]["plugins"] = ["status_cach", {"idempotency": {"ttl_secs": 5}},
                                       {"retry": {"backoff": {"intial": 0.1}}}, "zzzqqq"]
     config["upstreams"]["up"]["timeout"] = {"read": 5}

@@ -22,8 +22,6 @@ from gateway.policy.retry import Retry, RetrySettings
 from gateway.policy.timeout import Timeout, TimeoutSettings
 from gateway.services import Services
 
-NAMES = ("timeout", "retry", "circuit_breaker")
-
 
 class RoutePolicy(Settings):
     timeout: TimeoutSettings | None = Field(None, description="none: the upstream's own connect and read timeouts, "
