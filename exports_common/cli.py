@@ -39,6 +39,15 @@ class Reloadable(Protocol):
     def restart_required(self, running: Any) -> list[str]: ...
 
 
+class Warns(Protocol):
+    def load_warnings(self) -> list[str]: ...
+
+
+def load_warnings(config: BaseModel) -> list[str]:
+    """What the config should change though it loads (an older shape); a process whose config says none: none."""
+    return cast(Warns, config).load_warnings() if hasattr(config, "load_warnings") else []
+
+
 def _restart_warnings(config: BaseModel, running_path: str, model: type[M]) -> list[str]:
     """A warning for each setting whose change a reload would not apply (a process that has no reload: none)."""
     if not hasattr(config, "restart_required"):
@@ -82,7 +91,7 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
         return 2
     unsafe = cast(Served, config).unsafe_defaults()
     if args.command == "check-config":
-        warnings = [f"{problem} (refused at start unless in dev mode)" for problem in unsafe]
+        warnings = load_warnings(config) + [f"{problem} (refused at start unless in dev mode)" for problem in unsafe]
         if args.running:
             try:
                 warnings += _restart_warnings(config, args.running, model)
@@ -108,6 +117,8 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
     config = config.model_copy(update=overrides)
     served = cast(Served, config)
     jsonlog.setup(served.log_level)
+    for warning in load_warnings(config):
+        logging.getLogger(prog).warning(warning)
     if dev_mode.dev_mode():
         logging.getLogger(prog).warning("DEV MODE: published demo secrets are accepted; never expose this process",
                                         extra={"unsafe": unsafe})

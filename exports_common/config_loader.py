@@ -16,9 +16,10 @@ from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 M = TypeVar("M", bound=BaseModel)
+Loc = tuple[str | int, ...]
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -53,6 +54,8 @@ def interpolate(value: Any, path: str, missing: list[str]) -> Any:
 
 
 def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    if not loc:  # the whole file: its first line would point at whatever key comes first
+        return None
     node = root
     for part in loc:
         if isinstance(node, yaml.MappingNode):
@@ -100,14 +103,31 @@ def validate_data(data: Any, model: type[M], source: str, root: yaml.Node | None
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            loc = error_loc(err)
             line = _line_of(root, loc)
             where = f"{_format_loc(loc)}" + (f" (line {line})" if line else "")
-            problems.append(f"{where}: {_message(model, loc, err)}")
+            problems.append(f"{where}: {error_message(model, loc, err)}")
         raise ConfigError(source, problems) from exc
 
 
-def _message(model: type[BaseModel], loc: tuple[Any, ...], err: ErrorDetails) -> str:
+def problem(loc: Loc, message: str, value: Any = None) -> InitErrorDetails:
+    """A problem a validator found at `loc` (below the model it validates), for ValidationError.from_exception_data:
+    check-config then names that path and its line, not the object the validator was given."""
+    return InitErrorDetails(type=PydanticCustomError("config", "{message}", {"message": message}), loc=loc,
+                            input=value)
+
+
+def located(title: str, problems: list[tuple[Loc, str]]) -> ValidationError:
+    """Each (path, message) as one error of a ValidationError, for a validator to raise."""
+    return ValidationError.from_exception_data(title, [problem(loc, message) for loc, message in problems])
+
+
+def error_loc(err: ErrorDetails) -> Loc:
+    """The error's path in the file (without the names pydantic gives validator functions)."""
+    return tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+
+
+def error_message(model: type[BaseModel], loc: tuple[Any, ...], err: ErrorDetails) -> str:
     if err["type"] == "extra_forbidden":
         return unknown_key_message(model, loc) or err["msg"]
     if err["type"] == "value_error":  # our validators' own sentences, without pydantic's "Value error, " before them

@@ -1,8 +1,12 @@
 """The gateway's configuration, as read from config/gateway.yaml.
 
-A route's `plugins` list is validated against each plugin's own settings model,
-so a mistake is reported at its exact path (routes[0].plugins[2].<plugin>.<setting>),
-and each route against the contracts its plugins declare (`contract_problems`).
+A route's `plugins` list holds its filters, run in the order written, and its
+`policy` the upstream call's timeout and retry; an upstream's `circuit_breaker` is
+the breaker its routes share (gateway/policy/). Each plugin entry is validated
+against the plugin's own settings model, so a mistake is reported at its exact path
+(routes[0].plugins[2].<plugin>.<setting>), and each route against the contracts its
+plugins declare (`contract_problems`). A file in the older shape (the policy as
+plugins) loads with one warning (gateway/legacy_config.py).
 """
 from __future__ import annotations
 
@@ -11,16 +15,31 @@ import re
 import string
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from starlette.routing import compile_path
 
 from exports_common import dev_mode
+from exports_common.config_loader import Loc, located
 from exports_common.connection_limits import ConnectionLimits, networks
 from exports_common.otel import TracingConfig
+from gateway import legacy_config
 from gateway.context import RequestContext
 from gateway.limiter import Quota
 from gateway.plugin_config import PluginUse, validate_entries
 from gateway.plugin_registry import registry
+from gateway.plugins.base import Contract
+from gateway.policy import RoutePolicy
+from gateway.policy.circuit_breaker import BreakerUse, CircuitBreakerSettings, breaker_of
 from gateway.refusal_hold import HoldSettings
 from gateway.tenants import Limits, TenantLimits
 
@@ -40,39 +59,63 @@ def plugin_of(entry: PluginUse) -> tuple[str, BaseModel]:
     return entry.name, entry.settings
 
 
-def filters_and_policy(route: RouteConfig) -> tuple[list[tuple[str, BaseModel]], list[tuple[str, BaseModel]]]:
-    """The route's plugins as a request meets them: its filters as listed, then its upstream policy
-    (timeout, retry, breaker: ranked by each plugin's `upstream_policy`) around the proxy."""
-    entries = [plugin_of(entry) for entry in route.plugins]
-    rank = {name: registry().get(name).upstream_policy for name, _ in entries}
-    policy = sorted((e for e in entries if rank[e[0]]), key=lambda e: rank[e[0]])
-    return [e for e in entries if not rank[e[0]]], policy
+def providers(field: str, methods: tuple[str, ...]) -> list[str]:
+    """The usable plugins that provide `field` (with their default settings, where they have defaults)."""
+    found = []
+    for plugin in registry().usable():
+        try:
+            contract = plugin.contract(plugin.Settings(), methods)
+        except ValidationError:  # settings it cannot go without: what it provides whatever they are
+            contract = Contract(provides=plugin.provides)
+        if field in contract.provides | contract.defaults:
+            found.append(plugin.name)
+    return sorted(found)
 
 
-def contract_problems(route: RouteConfig) -> list[str]:
-    """Each plugin's declared needs against what the plugins before it provide (gateway/plugins/base.py)."""
-    problems: list[str] = []
+def _missing(route: RouteConfig, name: str, field: str, after: list[tuple[str, Contract]]) -> str:
+    """Why `name` cannot have `field`: a plugin listed after it provides it, or none of the route's plugins does
+    (then which plugins would)."""
+    later = next((other for other, c in after if field in c.provides | c.defaults), None)
+    if later is not None:
+        return (f"route `{route.name}`: {name} needs `{field}`, which {later} provides, but {later} is listed after "
+                f"it: list {later} before {name}")
+    known = [p for p in providers(field, tuple(route.methods)) if p != name]
+    hint = f": list {' or '.join(known)} before it" if known else ""
+    return f"route `{route.name}`: {name} needs `{field}`, which no earlier plugin provides{hint}"
+
+
+def contract_problems(route: RouteConfig) -> list[tuple[Loc, str]]:
+    """Each plugin's declared needs against what the plugins before it provide (gateway/plugins/base.py), and
+    the upstream call's (it runs last); each problem with the path of the plugin (or policy) it is about."""
+    problems: list[tuple[Loc, str]] = []
     provided: set[str] = set()
     minted_by: dict[str, str] = {}
     agreed: dict[str, tuple[str, object]] = {}
-    filters, policy = filters_and_policy(route)
-    for name, settings in filters + policy:
-        contract = registry().get(name).contract(settings, tuple(route.methods))
+    methods = tuple(route.methods)
+    chain = [(e.name, registry().get(e.name).contract(e.settings, methods)) for e in route.plugins]
+    for at, (name, contract) in enumerate(chain):
+        here: Loc = ("plugins", at, name)
         for field in sorted((contract.needs | contract.provides | contract.defaults) - CONTEXT_FIELDS):
-            problems.append(f"route `{route.name}`: {name} declares `{field}`, which is not a field of the request "
-                            f"context (gateway/context.py)")
+            problems.append((here, f"route `{route.name}`: {name} declares `{field}`, which is not a field of the "
+                                   f"request context (gateway/context.py)"))
         for field in sorted(contract.needs - provided):
-            problems.append(f"route `{route.name}`: {name} needs `{field}`, which no earlier plugin provides")
+            problems.append((here, _missing(route, name, field, chain[at + 1:])))
         for field in sorted(contract.provides & minted_by.keys()):
-            problems.append(f"route `{route.name}`: {name} sets `{field}`, so it must come before "
-                            f"{minted_by[field]}, which sets one only when no earlier plugin did")
+            problems.append((here, f"route `{route.name}`: {name} sets `{field}`, so it must come before "
+                                   f"{minted_by[field]}, which sets one only when no earlier plugin did"))
         for key, value in contract.agrees:
             first = agreed.setdefault(key, (name, value))
             if first[1] != value:
-                problems.append(f"route `{route.name}`: {name}'s {key} ({value!r}) must equal {first[0]}'s "
-                                f"({first[1]!r})")
+                problems.append((here, f"route `{route.name}`: {name}'s {key} ({value!r}) must equal {first[0]}'s "
+                                       f"({first[1]!r})"))
+        if contract.terminal and at < len(chain) - 1:
+            problems.append((here, f"route `{route.name}`: {name} answers every request itself, so "
+                                   f"{', '.join(n for n, _ in chain[at + 1:])} after it would never run: list it "
+                                   f"last"))
         minted_by.update(dict.fromkeys(contract.defaults - provided, name))
         provided |= contract.provides | contract.defaults
+    for field in sorted(route.policy.needs(methods) - provided):
+        problems.append((("policy", "retry"), _missing(route, "policy.retry", field, [])))
     return problems
 
 
@@ -98,8 +141,11 @@ class UpstreamConfig(Strict):
         default_factory=list, description="scheme://host:port of each endpoint, instead of url")
     balance: Literal["round_robin", "least_requests"] = "round_robin"
     outlier_detection: OutlierConfig = Field(default_factory=OutlierConfig)
-    pool_size: int = Field(200, ge=1, le=10_000)
+    pool_size: int = Field(200, ge=1, le=10_000, description="connections lent at once to each endpoint")
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    circuit_breaker: CircuitBreakerSettings | None = Field(
+        None, description="one breaker for every route to this upstream (a route may have its own: "
+                          "policy.circuit_breaker); none: no breaker")
 
     @model_validator(mode="after")
     def _one_way_to_name_endpoints(self) -> UpstreamConfig:
@@ -119,7 +165,10 @@ class RouteConfig(Strict):
     upstream: str
     rewrite: str | None = Field(None, description="upstream path; may use the path's {params}")
     max_body_bytes: int = Field(1_048_576, ge=0, description="a bigger request body gets 413")
-    plugins: list[PluginUse] = Field(default_factory=list)
+    plugins: list[PluginUse] = Field(default_factory=list, description="filters, run in the order written "
+                                     "(the first sees the request first), the upstream call after the last")
+    policy: RoutePolicy = Field(default_factory=RoutePolicy, description="the upstream call's timeout and retry, "
+                                "and how it uses its upstream's circuit breaker")
 
     @field_validator("plugins", mode="before")
     @classmethod
@@ -139,7 +188,7 @@ class RouteConfig(Strict):
     def _contract(self) -> RouteConfig:
         problems = contract_problems(self)
         if problems:
-            raise ValueError("; ".join(problems))
+            raise located("RouteConfig", problems)
         return self
 
     @field_validator("path")
@@ -245,6 +294,25 @@ class GatewayConfig(Strict):
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     access_log: bool = Field(False, description="one JSON line per request (logger gateway.access)")
     routes: list[RouteConfig]
+    # what the file should change though it loads (an older shape), for check-config, start and reload to say
+    _load_warnings: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _older_shape(cls, data: Any, handler: ModelWrapValidatorHandler[GatewayConfig]) -> GatewayConfig:
+        if not legacy_config.is_older_shape(data):
+            return handler(data)
+        config, warning = legacy_config.load(data, cls, handler)
+        config._load_warnings = [warning]
+        return config
+
+    def load_warnings(self) -> list[str]:
+        return list(self._load_warnings)
+
+    def breaker_of(self, route: RouteConfig) -> BreakerUse | None:
+        """The breaker route `route`'s calls go through (None: none)."""
+        return breaker_of(route.name, route.upstream, self.upstreams[route.upstream].circuit_breaker,
+                          route.policy.circuit_breaker)
 
     @field_validator("trusted_proxies")
     @classmethod
@@ -270,13 +338,17 @@ class GatewayConfig(Strict):
 
     def restart_required(self, running: GatewayConfig) -> list[str]:
         """The paths of settings that differ from `running`'s but are read only at start."""
-        changed = [path for path in RESTART_ONLY if getattr(self, path) != getattr(running, path)]
-        pool = max(u.pool_size for u in running.upstreams.values())
-        for name, upstream in self.upstreams.items():
-            old = running.upstreams.get(name)
-            if upstream.pool_size != (old.pool_size if old is not None else pool):
-                changed.append(f"upstreams.{name}.pool_size")
-        return changed
+        return [path for path in RESTART_ONLY if getattr(self, path) != getattr(running, path)]
+
+    def pool_sizes(self) -> dict[str, int]:
+        """Each endpoint origin's bound on connections: its upstream's pool_size (the largest, for an origin
+        that upstreams share)."""
+        sizes: dict[str, int] = {}
+        for upstream in self.upstreams.values():
+            for url in upstream.urls:
+                origin = url.rstrip("/")
+                sizes[origin] = max(sizes.get(origin, 0), upstream.pool_size)
+        return sizes
 
     def limits(self) -> Limits:
         base = self.tenant_limits
@@ -292,23 +364,26 @@ class GatewayConfig(Strict):
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:
-        for route in self.routes:
-            if route.upstream not in self.upstreams:
-                raise ValueError(f"route {route.name!r} names upstream {route.upstream!r}, "
-                                 f"which is not among {sorted(self.upstreams)}")
-        names = [r.name for r in self.routes]
-        if len(names) != len(set(names)):
-            raise ValueError("route names must be unique")
-        per_upstream: dict[tuple[str, str], tuple[str, BaseModel]] = {}
-        for route in self.routes:
-            for entry in route.plugins:
-                name, settings = plugin_of(entry)
-                if not registry().get(name).per_upstream:
-                    continue
-                first = per_upstream.setdefault((name, route.upstream), (route.name, settings))
-                if first[1] != settings:
-                    raise ValueError(f"routes {first[0]!r} and {route.name!r} configure {name} of upstream "
-                                     f"{route.upstream!r} differently; it is one per upstream: give both the same")
+        problems: list[tuple[Loc, str]] = []
+        named: dict[str, int] = {}
+        for i, route in enumerate(self.routes):
+            first = named.setdefault(route.name, i)
+            if first != i:
+                problems.append((("routes", i, "name"), f"route name {route.name!r} is taken by routes[{first}]; "
+                                                        "each route needs a name of its own"))
+            upstream = self.upstreams.get(route.upstream)
+            if upstream is None:
+                problems.append((("routes", i, "upstream"), f"route {route.name!r} names upstream "
+                                                            f"{route.upstream!r}, which is not among "
+                                                            f"{sorted(self.upstreams)}"))
+            elif upstream.circuit_breaker is None and route.policy.circuit_breaker is not None \
+                    and route.policy.circuit_breaker.scope == "upstream":
+                problems.append((("routes", i, "policy", "circuit_breaker", "scope"),
+                                 f"route {route.name!r} asks for the breaker of upstream {route.upstream!r}, which "
+                                 f"has none: set upstreams.{route.upstream}.circuit_breaker, or give the route its "
+                                 "own with scope: route"))
+        if problems:
+            raise located("GatewayConfig", problems)
         return self
 
 

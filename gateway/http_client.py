@@ -484,12 +484,23 @@ class _Pool:
             raise
 
     def _free_slot(self) -> None:
-        while self.waiters:
+        if self.lent <= self.size:  # above it (the bound was lowered), the slot goes instead
+            while self.waiters:
+                waiter = self.waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+                    return
+        self.lent -= 1
+
+    def resize(self, size: int) -> None:
+        """A new bound: a larger one lets requests waiting for a slot through at once, a smaller one takes
+        effect as lent connections come back."""
+        self.size = size
+        while self.waiters and self.lent < self.size:
             waiter = self.waiters.popleft()
             if not waiter.done():
+                self.lent += 1
                 waiter.set_result(None)
-                return
-        self.lent -= 1
 
     async def _connect(self, within: float) -> _Connection:
         where = f"{self.host}:{self.port}"
@@ -613,6 +624,11 @@ class HttpClient:
         exchange = _Exchange(conn, reply, timeouts.read)
         return GatewayResponse(reply.status, reply.headers, stream=exchange, release=exchange.release,
                                whole=exchange.whole)
+
+    def resize(self, pool_sizes: dict[str, int]) -> None:
+        self.pool_sizes = pool_sizes
+        for origin, pool in self._pools.items():
+            pool.resize(pool_sizes.get(origin, self.pool_size))
 
     async def close(self) -> None:
         for pool in self._pools.values():

@@ -21,10 +21,9 @@ from starlette.routing import Route
 
 from exports_common.envelope import ok
 from exports_common.errors import ApiError, ErrorKind
-from gateway import openapi, telemetry
+from gateway import openapi, policy, telemetry
 from gateway.address_limit import check_address
 from gateway.admin_recovery import AdminRecovery
-from gateway.config import filters_and_policy
 from gateway.plugin_registry import registry
 from gateway.response import GatewayResponse
 from gateway.wiring import RuntimeHolder
@@ -112,10 +111,13 @@ class OpsEndpoints:
         config["admin_token"] = "***"
         config["download_signing"] = {"secrets": ["***"] * len(config["download_signing"]["secrets"])}
         for route, shown in zip(in_force.routes, config["routes"], strict=True):
-            # the plugins as a request meets them (filters, then the upstream policy), every setting resolved
-            filters, policy = filters_and_policy(route)
-            shown["plugins"] = [{name: settings.model_dump(mode="json")} for name, settings in filters]
-            shown["upstream_policy"] = [{name: settings.model_dump(mode="json")} for name, settings in policy]
+            # the plugins as a request meets them, every setting resolved, then the upstream call: its policy
+            # and the breaker it goes through (the upstream's, or the route's own)
+            shown["plugins"] = [{e.name: e.settings.model_dump(mode="json")} for e in route.plugins]
+            shown["policy"] = route.policy.model_dump(mode="json", exclude={"circuit_breaker"}, exclude_none=True)
+            breaker = in_force.breaker_of(route)
+            if breaker is not None:
+                shown["policy"]["circuit_breaker"] = {"name": breaker.name, **breaker.settings.model_dump(mode="json")}
         return ok(config)
 
     async def admin_breakers(self, request: Request) -> Response:
@@ -126,7 +128,7 @@ class OpsEndpoints:
     async def admin_stats(self, request: Request) -> Response:
         self.require_admin(request)
         services = self.holder.runtime.services
-        stats: dict[str, Any] = {"pid": os.getpid()}
+        stats: dict[str, Any] = {"pid": os.getpid(), **policy.stats(services)}
         for plugin in registry().usable():  # each plugin reports its own part
             stats.update(await plugin.stats(services))
         return ok(stats)

@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import BaseModel, GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError
 from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
+from pydantic_core import InitErrorDetails, core_schema
 
-from exports_common.config_loader import unknown_key_message
+from exports_common.config_loader import problem, unknown_key_message
 from gateway.plugin_registry import GROUP, registry
 from gateway.plugins import PLUGINS as BUILTIN
 
@@ -62,11 +62,6 @@ def _dump(use: PluginUse, info: core_schema.SerializationInfo) -> dict[str, Any]
     return {use.name: use.settings.model_dump(mode=info.mode, exclude_none=info.exclude_none, by_alias=True)}
 
 
-def _error(loc: tuple[str | int, ...], value: Any, message: str) -> InitErrorDetails:
-    return InitErrorDetails(type=PydanticCustomError("plugin_config", "{message}", {"message": message}),
-                            loc=loc, input=value)
-
-
 def validate_entries(raw: Any, route: str) -> list[PluginUse]:
     """The route's plugin list, each entry's settings validated; every problem at once, as a ValidationError."""
     if not isinstance(raw, list):
@@ -79,12 +74,12 @@ def validate_entries(raw: Any, route: str) -> list[PluginUse]:
             continue
         entry = {item: None} if isinstance(item, str) else item
         if not (isinstance(entry, dict) and len(entry) == 1 and isinstance(next(iter(entry)), str)):
-            errors.append(_error((at,), item, f"route `{route}`: {_ENTRY_SHAPE}"))
+            errors.append(problem((at,), f"route `{route}`: {_ENTRY_SHAPE}", item))
             continue
         [(name, settings)] = entry.items()
         found = registry().resolve(name)
         if isinstance(found, str):
-            errors.append(_error((at, name), settings, f"route `{route}`: {found}"))
+            errors.append(problem((at, name), f"route `{route}`: {found}", settings))
             continue
         try:
             uses.append(PluginUse(name, found.Settings.model_validate({} if settings is None else settings)))
@@ -98,4 +93,4 @@ def validate_entries(raw: Any, route: str) -> list[PluginUse]:
 def _settings_error(at: tuple[str | int, ...], model: type[BaseModel], err: Any, route: str) -> InitErrorDetails:
     loc = tuple(err["loc"])
     message = (unknown_key_message(model, loc) if err["type"] == "extra_forbidden" else None) or err["msg"]
-    return _error(at + loc, err["input"], f"route `{route}`, plugin {at[-1]}: {message}")
+    return problem(at + loc, f"route `{route}`, plugin {at[-1]}: {message}", err["input"])

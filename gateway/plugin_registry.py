@@ -26,6 +26,9 @@ from gateway.plugins import PLUGINS as BUILTIN
 from gateway.plugins.base import Plugin, PluginBase
 
 GROUP = "export_gateway.plugins"
+# the upstream call's parts (gateway/policy/): configured where they apply, never listed as plugins
+NOT_PLUGINS = {"timeout": "the route's policy.timeout", "retry": "the route's policy.retry",
+               "circuit_breaker": "upstreams.<name>.circuit_breaker (a route's own: policy.circuit_breaker)"}
 
 
 def _origin(ep: EntryPoint) -> str:
@@ -117,6 +120,9 @@ class Registry:
 
     def _resolve(self, name: str) -> type[Plugin] | str:
         eps = self.declared.get(name, [])
+        if name in NOT_PLUGINS:
+            clash = f"; {_origin(eps[0])} declares a plugin of that name: rename it" if eps else ""
+            return f"{name!r} is not a plugin: it is part of the upstream call, set as {NOT_PLUGINS[name]}{clash}"
         if name in self.builtin:
             if eps:
                 return (f"plugin {name!r} is built in, and {_origin(eps[0])} declares it too; rename that entry "

@@ -41,10 +41,12 @@ class LimitedBody:
 
 
 class Proxy:
-    def __init__(self, upstream: Upstream, services: Services, max_body_bytes: int) -> None:
+    def __init__(self, upstream: Upstream, services: Services, max_body_bytes: int, breaker: str | None = None) -> None:
+        """`breaker`: the name of the breaker the route's calls go through, shown on each try's span."""
         self.upstream = upstream
         self.services = services
         self.max_body_bytes = max_body_bytes
+        self.breaker = breaker
 
     def _body(self, ctx: RequestContext) -> bytes | LimitedBody | None:
         if ctx.body is not None:
@@ -92,7 +94,7 @@ class Proxy:
 
     def _span_attributes(self, ctx: RequestContext, url: str) -> dict[str, Any]:
         """What an SRE reads on an upstream try's span: which try, the breaker, why the last one was retried."""
-        breaker = self.services.breakers.by_upstream.get(self.upstream.name)
+        breaker = self.services.breakers.by_upstream.get(self.breaker) if self.breaker is not None else None
         attributes: dict[str, Any] = {"http.request.method": ctx.method, "url.full": url,
                                       "http.request.resend_count": ctx.attempt - 1, "gateway.attempt": ctx.attempt,
                                       "gateway.breaker.state": breaker.state if breaker else "none"}

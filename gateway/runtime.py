@@ -8,14 +8,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from pydantic import BaseModel
-
 from exports_common.signing import DownloadSigner
-from gateway.config import GatewayConfig, RouteConfig, UpstreamConfig, filters_and_policy
+from gateway.config import GatewayConfig, RouteConfig, UpstreamConfig
 from gateway.context import Handler
 from gateway.forwarding import TrustedProxies
 from gateway.plugin_registry import registry
 from gateway.plugins.base import RouteInfo
+from gateway.policy import upstream_call
+from gateway.policy.circuit_breaker import BreakerUse
 from gateway.proxy import Proxy
 from gateway.router import Router
 from gateway.services import Services, Upstream
@@ -45,25 +45,23 @@ def upstreams_of(config: GatewayConfig, metrics: Metrics) -> dict[str, Upstream]
     }
 
 
-def build_chain(route: RouteConfig, services: Services, last: Handler | None = None) -> Handler:
-    """The route's filters in their YAML order around its upstream call.
+def build_chain(route: RouteConfig, breaker: BreakerUse | None, services: Services,
+                last: Handler | None = None) -> Handler:
+    """The route's plugins in their YAML order, outermost first, and its upstream call after the last.
 
-    The upstream call is the route's upstream policy (timeout, then retry, then the
-    breaker: Envoy's split) around the proxy, in that order wherever the YAML lists
-    them; a plugin that makes a call of its own (rerun) goes through the same policy.
-    `last` stands in for the proxy (gateway.testing ends a chain in a recorder).
+    The upstream call is the route's policy and `breaker` (GatewayConfig.breaker_of) around the
+    proxy (gateway/policy/); a plugin that makes a call of its own (rerun) goes through the same
+    call. `last` stands in for the proxy (gateway.testing ends a chain in a recorder).
     """
-    filters, policy = filters_and_policy(route)
-    proxy = last or Proxy(services.upstreams[route.upstream], services, route.max_body_bytes)
-    call_upstream = _wrap(proxy, policy, services, RouteInfo(route.name, route.upstream, tuple(route.methods), proxy))
-    return _wrap(call_upstream, filters, services,
-                 RouteInfo(route.name, route.upstream, tuple(route.methods), call_upstream))
-
-
-def _wrap(inner: Handler, plugins: list[tuple[str, BaseModel]], services: Services, route: RouteInfo) -> Handler:
-    for name, settings in reversed(plugins):
-        inner = registry().get(name)(inner, settings, services, route)
-    return inner
+    methods = tuple(route.methods)
+    proxy = last or Proxy(services.upstreams[route.upstream], services, route.max_body_bytes,
+                          breaker.name if breaker is not None else None)
+    call = upstream_call(proxy, route.policy, breaker, services, RouteInfo(route.name, route.upstream, methods, proxy))
+    info = RouteInfo(route.name, route.upstream, methods, call)
+    handler = call
+    for entry in reversed(route.plugins):
+        handler = registry().get(entry.name)(handler, entry.settings, services, info)
+    return handler
 
 
 def build_runtime(config: GatewayConfig, services: Services) -> Runtime:
@@ -76,5 +74,6 @@ def build_runtime(config: GatewayConfig, services: Services) -> Runtime:
         public_base_url=config.public_base_url.rstrip("/"),
         trusted_proxies=TrustedProxies(config.trusted_proxies),
     )
-    chains = {route.name: build_chain(route, services) for route in config.routes}
+    services.client.resize(config.pool_sizes())
+    chains = {route.name: build_chain(route, config.breaker_of(route), services) for route in config.routes}
     return Runtime(config, services, Router(config.routes), chains)

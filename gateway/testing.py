@@ -9,11 +9,13 @@
             refused = await gw.request("GET", "/test/x", api_key="key-g")
             assert refused.status == 404 and refused.upstream is None
 
-The plugin list is the route's `plugins` as written in gateway.yaml, validated as
-check-config validates it (a mistake raises ConfigError with the same messages), and
-built into the same chain by the same code. The chain ends in `upstream`: by
-default a recorder that answers 200 with what reached it; a URL string sends the
-requests through the real proxy to a real server instead. Each answer passes through
+The plugin list is the route's `plugins` as written in gateway.yaml, and `policy` its
+`policy:` (timeout, retry, and `circuit_breaker: {scope: route}` for a breaker of its
+own), validated as check-config validates them (a mistake raises ConfigError with the
+same messages), and built into the same chain by the same code. The chain ends in
+the route's upstream call around `upstream`: by default a recorder that answers 200
+with what reached it; a URL string sends the requests through the real proxy to a
+real server instead. Each answer passes through
 the gateway's dispatch, so an ApiError becomes the error envelope a client would get.
 No process, socket or Redis is started; state lives in memory and a temporary directory.
 """
@@ -71,13 +73,14 @@ class PluginHarness:
     def __init__(self, plugins: Sequence[Any], *, tenants: Mapping[str, str] | None = None,
                  upstream: Handler | str | None = None, path: str = "/test/{rest}",
                  methods: Sequence[str] = ("GET", "POST", "PUT", "DELETE"), rewrite: str | None = None,
-                 config: Mapping[str, Any] | None = None) -> None:
-        """`plugins` as in a route's YAML; `tenants` maps a tenant to its API key; `config` adds top-level keys."""
+                 config: Mapping[str, Any] | None = None, policy: Mapping[str, Any] | None = None) -> None:
+        """`plugins` and `policy` as in a route's YAML; `tenants` maps a tenant to its API key; `config` adds
+        top-level keys."""
         self._state = tempfile.TemporaryDirectory(prefix="plugin-harness-")
         self.recorder = upstream if isinstance(upstream, Recorder) else Recorder()
         self._last: Handler | None = None if isinstance(upstream, str) else (upstream or self.recorder)
         route = {"name": ROUTE, "path": path, "methods": list(methods), "upstream": "upstream",
-                 "rewrite": rewrite, "plugins": list(plugins)}
+                 "rewrite": rewrite, "plugins": list(plugins), "policy": dict(policy or {})}
         self.config = validate_data({
             "admin_token": "plugin-harness", "download_signing": {"secrets": ["plugin-harness-signing"]},
             "public_base_url": "http://gateway.test", "state_dir": self._state.name,
@@ -101,7 +104,8 @@ class PluginHarness:
         runtime = build_runtime(self.config, open_services(self.config))
         if self._last is not None:
             route = self.config.routes[0]
-            runtime = dataclasses.replace(runtime, chains={ROUTE: build_chain(route, runtime.services, self._last)})
+            chain = build_chain(route, self.config.breaker_of(route), runtime.services, self._last)
+            runtime = dataclasses.replace(runtime, chains={ROUTE: chain})
         self._runtime = runtime
         return self
 

@@ -43,6 +43,9 @@ class UpstreamClient(Protocol):
         self, method: str, url: str, headers: list[tuple[str, str]], body: Body, timeouts: Timeouts
     ) -> GatewayResponse: ...
 
+    def resize(self, pool_sizes: dict[str, int]) -> None:
+        """Bound each origin's connections anew (a config reload); an origin not named keeps the default."""
+
     async def close(self) -> None: ...
 
 

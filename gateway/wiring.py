@@ -17,7 +17,7 @@ from typing import AsyncIterator
 from exports_common import dev_mode, otel, periodic
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.signing import DownloadSigner
-from gateway import config_watch, telemetry, worker_metrics
+from gateway import config_watch, policy, telemetry, worker_metrics
 from gateway.breakers import Breakers
 from gateway.config import GatewayConfig
 from gateway.http_client import HttpClient
@@ -87,6 +87,8 @@ class RuntimeHolder:
             log.error("config reload refused outside dev mode; the config in force keeps serving",
                       extra={"problems": unsafe})
             return Reload(unsafe)
+        for warning in config.load_warnings():
+            log.warning("config reloaded with a warning", extra={"warning": warning})
         restart = config.restart_required(self._started_file)
         if config == self.runtime.config:  # the watcher and a SIGHUP or /admin/reload may both see one edit
             return Reload([], restart)
@@ -99,9 +101,10 @@ class RuntimeHolder:
         return Reload([], restart)
 
     def observe(self, services: Services) -> None:
-        """The gauges read at scrape time: the gateway's own, then each plugin's."""
+        """The gauges read at scrape time: the gateway's own, the upstream call's, then each plugin's."""
         services.metrics.observe_gauge("gateway_config_info", "the config in force: its hash (1 while it serves)",
                                        lambda: [(1.0, {"hash": self.config_hash})])
+        policy.observe(services)
         for plugin in registry().usable():
             plugin.observe(services)
 
@@ -121,12 +124,8 @@ def open_services(config: GatewayConfig) -> Services:
 
 def upstream_client(config: GatewayConfig) -> HttpClient:
     """Each endpoint's pool bounded by its upstream's pool_size (upstreams sharing an origin share its pool, the
-    largest bound); an origin a later reload adds gets the largest of all, as restart_required assumes."""
-    sizes: dict[str, int] = {}
-    for upstream in config.upstreams.values():
-        for url in upstream.urls:
-            origin = url.rstrip("/")
-            sizes[origin] = max(sizes.get(origin, 0), upstream.pool_size)
+    largest bound); each Runtime built later bounds them by its own config (`resize`)."""
+    sizes = config.pool_sizes()
     return HttpClient(max(sizes.values()), pool_sizes=sizes)
 
 

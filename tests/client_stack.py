@@ -54,7 +54,8 @@ def start_stack(start: Callable[..., Service], workdir: Path, public_base_url: s
     backend = start("backend_stub", backend_config(
         workdir, callbacks={"allow_networks": ["127.0.0.0/8"], "secrets": {"demo": [secret]}}))
     # the suite runs in production mode: every gateway has a public URL, its own unless one is given
-    config = gateway_config(workdir, backend.url, **({"public_base_url": public_base_url} if public_base_url else {}))
+    overrides: dict[str, Any] = {"public_base_url": public_base_url} if public_base_url else {}
+    config = gateway_config(workdir, backend.url, **overrides)
     config["routes"] = misbehaving_routes(config["routes"])
     return ClientStack(backend, start("gateway", config), secret)
 

@@ -72,8 +72,10 @@ def backend_config(workdir: Path, redis_url: str = "", **override: Any) -> dict[
     return merge(base, override)
 
 
-def gateway_config(workdir: Path, backend_url: str, redis_url: str = "", **override: Any) -> dict[str, Any]:
-    base = load_default("gateway.yaml")
+def gateway_config(workdir: Path, backend_url: str, redis_url: str = "", base: dict[str, Any] | None = None,
+                   **override: Any) -> dict[str, Any]:
+    """The shipped gateway.yaml (or `base`), made to serve the test's backend with the session's secrets."""
+    base = base if base is not None else load_default("gateway.yaml")
     port = free_port()  # known before the start, so that the public URL can name it
     base = merge(base, {
         "port": port, "public_base_url": f"http://127.0.0.1:{port}",

@@ -5,14 +5,19 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
+import httpx
 import pytest
+import yaml
 from pydantic import BaseModel
 
 from backend_stub.config import BackendConfig
 from exports_common.config_loader import ConfigError, interpolate, load_model
 from gateway.config import GatewayConfig
-from tests.procs import ROOT
+from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
+from tests.helpers import wait_status
+from tests.procs import ROOT, Service
 
 pytestmark = pytest.mark.inprocess  # no server process: `make test-fast` runs it
 
@@ -112,8 +117,6 @@ def test_an_unknown_key_anywhere_names_the_nearest_known_one(tmp_path: Path) -> 
 
 def test_check_config_names_the_route_and_the_missing_context_field_and_the_settings_a_reload_would_not_apply(
         tmp_path: Path) -> None:
-    import yaml
-
     running = yaml.safe_load((ROOT / "config/gateway.yaml").read_text())
     submit = next(r for r in running["routes"] if r["name"] == "submit")
     wrong = dict(running, routes=[dict(submit, plugins=[p for p in submit["plugins"] if p != "auth"])])
@@ -123,10 +126,139 @@ def test_check_config_names_the_route_and_the_missing_context_field_and_the_sett
     assert result.returncode == 2
     assert "route `submit`: outbox needs `tenant`, which no earlier plugin provides" in result.stderr, result.stderr
 
-    changed = dict(running, redis_prefix="other", upstreams={"exports": {"url": "http://127.0.0.1:8081",
-                                                                        "pool_size": 10}})
+    changed = dict(running, redis_prefix="other", upstreams={
+        "exports": {"url": "http://127.0.0.1:8081", "pool_size": 10},
+        "reports": {"url": "http://127.0.0.1:8089", "pool_size": 7}})
     path.write_text(yaml.safe_dump(changed))
     result = run_cli("gateway", "check-config", str(path), "--running", "config/gateway.yaml")
     assert result.returncode == 0, result.stderr
-    for setting in ("redis_prefix", "upstreams.exports.pool_size"):
-        assert f"warning: {setting} changed: it takes effect only at a restart" in result.stderr, result.stderr
+    assert "warning: redis_prefix changed: it takes effect only at a restart" in result.stderr, result.stderr
+    assert "pool_size" not in result.stderr  # pool sizes apply on reload, a new upstream's too
+
+
+OLDER = ROOT / "tests/data/gateway.older-shape.yaml"  # config/gateway.yaml as shipped before the policy moved
+
+
+def test_an_older_shape_config_loads_as_the_current_one_with_one_warning_naming_the_new_keys() -> None:
+    result = run_cli("gateway", "check-config", str(OLDER))
+    assert result.returncode == 0, result.stderr
+    [warning] = [line for line in result.stderr.splitlines() if "older shape" in line]
+    for key in ("policy.timeout", "policy.retry", "upstreams.exports.circuit_breaker",
+                "python -m gateway migrate-config FILE"):
+        assert key in warning, warning
+    older, current = load_model(OLDER, GatewayConfig), load_model(ROOT / "config/gateway.yaml", GatewayConfig)
+    assert older.load_warnings() == [warning.split(": warning: ", 1)[1]] and current.load_warnings() == []
+    # the same routes, plugins, policy and breaker; only the shipped download route has a breaker of its own now
+    download = next(r for r in current.routes if r.name == "download")
+    own = current.breaker_of(download)
+    assert own is not None and own.name == "exports@download"
+    download.policy.circuit_breaker = None
+    assert older.model_dump() == current.model_dump()
+    assert [older.breaker_of(r) for r in older.routes] == [current.breaker_of(r) for r in current.routes]
+
+
+def test_migrate_config_prints_the_current_shape_with_the_comments_kept(tmp_path: Path) -> None:
+    result = run_cli("gateway", "migrate-config", str(OLDER))
+    assert result.returncode == 0, result.stderr
+    migrated = tmp_path / "migrated.yaml"
+    migrated.write_text(result.stdout)
+    config = load_model(migrated, GatewayConfig)
+    assert config.load_warnings() == [] and config.model_dump() == load_model(OLDER, GatewayConfig).model_dump()
+    assert "# backend down: store, answer 202 degraded, deliver later" in result.stdout  # comments kept
+    assert "${EXPORT_BACKEND_URL:-http://127.0.0.1:8081}" in result.stdout  # the environment read at load, as before
+    assert "retry: *retry" in result.stdout and "- timeout" not in result.stdout
+    current = run_cli("gateway", "migrate-config", "config/gateway.yaml")
+    assert current.returncode == 0 and current.stdout == (ROOT / "config/gateway.yaml").read_text()
+    assert "already in the current shape" in current.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(OLDER.read_text().replace("upstream: exports", "upstream: nowhere", 1))
+    refused = run_cli("gateway", "migrate-config", str(broken))
+    assert refused.returncode == 2 and refused.stdout == "" and "routes[0].upstream (line " in refused.stderr
+
+
+def test_a_gateway_on_an_older_shape_config_warns_once_and_serves_it_in_the_current_shape(
+        services: Callable[..., Service], tmp_path: Path) -> None:
+    backend = services("backend_stub", backend_config(tmp_path))
+    gateway = services("gateway", gateway_config(tmp_path, backend.url, base=yaml.safe_load(OLDER.read_text())))
+    auth = {"Authorization": f"Bearer {DEMO_KEY}"}
+    task = httpx.post(f"{gateway.url}/api/v1/exports", json={"export_type": "report_export"}, headers=auth)
+    assert task.status_code == 202 and task.headers["x-gateway-attempts"] == "1"  # through the policy's retry
+    done = wait_status(gateway.url, task.json()["data"]["task_id"], path="/api/v1/exports/", headers=auth)
+    assert done["status"] == "COMPLETED"
+    routes = httpx.get(f"{gateway.url}/admin/routes", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()
+    shown = {r["name"]: r for r in routes["data"]["routes"]}
+    assert routes["data"]["upstreams"]["exports"]["circuit_breaker"]["fail_max"] == 5
+    assert shown["status"]["policy"]["timeout"] == {"connect": 1, "read": 5, "total": 8}
+    assert shown["download"]["policy"]["circuit_breaker"]["name"] == "exports"  # as it was: the upstream's
+    assert not [p for r in shown.values() for p in r["plugins"] if set(p) & {"timeout", "retry", "circuit_breaker"}]
+    [warning] = [json.loads(line) for line in gateway.log().splitlines() if "older shape" in line]
+    assert warning["level"] == "warning" and "upstreams.exports.circuit_breaker" in warning["msg"]
+
+
+def older_routes(tmp_path: Path, change: Callable[[list[dict[str, Any]]], None]) -> Path:
+    config = yaml.safe_load(OLDER.read_text())
+    change(config["routes"])
+    path = tmp_path / "older.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def test_older_shape_breakers_that_differ_between_routes_are_refused_naming_both(tmp_path: Path) -> None:
+    def status_differs(routes: list[dict[str, Any]]) -> None:
+        routes[3]["plugins"] = [{"circuit_breaker": {"fail_max": 9}} if isinstance(p, dict) and "circuit_breaker" in p
+                                else p for p in routes[3]["plugins"]]
+
+    with pytest.raises(ConfigError) as refused:
+        load_model(older_routes(tmp_path, status_differs), GatewayConfig)
+    [problem] = refused.value.problems
+    assert problem.startswith("routes[3].plugins[9].circuit_breaker (line ")
+    assert "routes 'submit' and 'status' configure circuit_breaker of upstream 'exports' differently" in problem
+    assert "upstreams.exports.circuit_breaker" in problem and "scope: route" in problem
+
+
+def test_an_older_shape_route_that_did_not_list_the_breaker_keeps_out_of_it(tmp_path: Path) -> None:
+    def cancel_without(routes: list[dict[str, Any]]) -> None:
+        routes[4]["plugins"] = [p for p in routes[4]["plugins"] if not (isinstance(p, dict) and "circuit_breaker" in p)]
+
+    config = load_model(older_routes(tmp_path, cancel_without), GatewayConfig)
+    breakers = {r.name: config.breaker_of(r) for r in config.routes}
+    assert breakers["cancel"] is None and breakers["submit"] is not None and breakers["submit"].name == "exports"
+    assert "routes cancel, which did not list it, keep out" in config.load_warnings()[0]
+
+
+def refused_with_lines(tmp_path: Path, text: str) -> tuple[list[str], Callable[..., int]]:
+    """The problems load_model finds in `text`, and a finder of the line holding a snippet (after a line)."""
+    lines = text.splitlines()
+
+    def line(snippet: str, after: int = 0) -> int:
+        return next(n for n, ln in enumerate(lines, 1) if n > after and snippet in ln)
+
+    path = tmp_path / "wrong.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        load_model(path, GatewayConfig)
+    return refused.value.problems, line
+
+
+def test_cross_field_problems_point_at_the_route_not_at_the_top_of_the_file(tmp_path: Path) -> None:
+    text = (ROOT / "config/gateway.yaml").read_text()
+    text = text.replace("  - name: list\n", "  - name: submit\n", 1)  # a second route named submit
+    text = text.replace("    upstream: exports\n    rewrite: /export-types\n",
+                        "    upstream: reports\n    rewrite: /export-types\n", 1)
+    problems, line = refused_with_lines(tmp_path, text)
+    assert problems == [
+        f"routes[1].name (line {line('- name: submit', line('- name: submit'))}): route name 'submit' is taken by "
+        "routes[0]; each route needs a name of its own",
+        f"routes[2].upstream (line {line('upstream: reports')}): route 'export_types' names upstream 'reports', "
+        "which is not among ['exports']"]
+
+
+def test_a_plugin_listed_before_the_one_it_needs_is_named_with_it_at_its_line(tmp_path: Path) -> None:
+    text = (ROOT / "config/gateway.yaml").read_text().replace(
+        "      - rate_limit: {limit: requests}\n      - auth\n    policy:\n      timeout: {connect: 2, read: 5",
+        "      - rate_limit: {limit: requests}\n      - stale_if_error\n      - auth\n    policy:\n"
+        "      timeout: {connect: 2, read: 5", 1)
+    problems, line = refused_with_lines(tmp_path, text)
+    assert problems == [
+        f"routes[2].plugins[1].stale_if_error (line {line('- stale_if_error')}): route `export_types`: stale_if_error "
+        "needs `tenant`, which auth provides, but auth is listed after it: list auth before stale_if_error"]

@@ -360,11 +360,18 @@ def test_ops_endpoints(stack: Stack) -> None:
         routes = c.get("/admin/routes", headers=admin).json()["data"]
         assert {r["name"] for r in routes["routes"]} >= {"submit", "status", "cancel", "download", "list"}
         assert routes["admin_token"] == "***" and SIGNING_SECRET not in str(routes)
-        # the values in force: each route's plugins as a request meets them, defaults resolved
+        # the values in force: each route's plugins as a request meets them, then its upstream call, defaults resolved
         submit = next(r for r in routes["routes"] if r["name"] == "submit")
-        assert [next(iter(p)) for p in submit["upstream_policy"]] == ["timeout", "retry", "circuit_breaker"]
-        assert submit["upstream_policy"][1]["retry"]["budget"] == {"ratio": 0.2, "min_concurrent": 3}
+        assert [next(iter(p)) for p in submit["plugins"]] == ["rate_limit", "auth", "validate", "idempotency",
+                                                              "task_id", "outbox"]
         assert {"auth": {"required": True}} in submit["plugins"]
+        assert submit["policy"]["retry"]["budget"] == {"ratio": 0.2, "min_concurrent": 3}
+        assert submit["policy"]["timeout"] == {"connect": 2, "read": 10, "total": 15}
+        assert submit["policy"]["circuit_breaker"] == {"name": "exports", "fail_max": 5, "reset_timeout_sec": 10,
+                                                       "failure_statuses": [500, 502, 503, 504], "window_sec": 10}
+        download = next(r for r in routes["routes"] if r["name"] == "download")
+        assert download["policy"]["circuit_breaker"]["name"] == "exports@download"
+        assert routes["upstreams"]["exports"]["circuit_breaker"]["fail_max"] == 5
         stats = c.get("/admin/stats", headers=admin).json()["data"]
         assert stats["status_cache"]["hits"] >= 1 and stats["outbox"]["pending"] == 0
         assert stats["retry_budget"]["exports"]["requests_in_flight"] == 0
@@ -375,9 +382,11 @@ def test_upstream_down_is_502_and_hung_is_504(services: Callable[..., Service], 
     backend = services("backend_stub", backend_config(tmp_path))
     config = gateway_config(tmp_path, backend.url)
     config["upstreams"]["exports"]["timeouts"] = {"connect": 1, "read": 1}
-    for route in config["routes"]:  # the proxy's own answers, without the resilience plugins
+    del config["upstreams"]["exports"]["circuit_breaker"]
+    for route in config["routes"]:  # the proxy's own answers, without the policy or degradation
+        route.pop("policy", None)
         route["plugins"] = [p for p in route["plugins"] if not isinstance(p, dict) or not set(p) & {
-            "outbox", "timeout", "retry", "circuit_breaker", "stale_if_error", "rerun"}]
+            "outbox", "stale_if_error", "rerun"}]
     gateway = services("gateway", config)
     headers = {"Authorization": f"Bearer {DEMO_KEY}"}
     backend.signal(signal.SIGSTOP)
@@ -410,6 +419,9 @@ def test_reload_refuses_a_broken_config_and_applies_a_good_one(services: Callabl
     wait_until(lambda: httpx.get(f"{gateway.url}{API}", headers={"Authorization": f"Bearer {DEMO_KEY}"}
                                  ).status_code == 401, 10, what="the file watcher to apply the new config")
     config["redis_prefix"] = "moved"  # read once at start: applied with the rest, and named as waiting for a restart
+    # pool sizes apply on reload, a new upstream's too: never named as waiting for a restart
+    config["upstreams"]["exports"]["pool_size"] = 50
+    config["upstreams"]["reports"] = {"url": "http://127.0.0.1:9", "pool_size": 3}
     gateway.config_path.write_text(yaml.safe_dump(config))
     resp = httpx.post(f"{gateway.url}/admin/reload", headers=admin)
     assert resp.status_code == 200 and resp.json()["data"]["restart_required"] == ["redis_prefix"]

@@ -245,11 +245,10 @@ def test_a_rerun_and_an_outbox_delivery_link_back_and_log_no_traceback(services:
                            OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, **fast_batches)
         config = gateway_config(tmp_path, backend.url, tracing={
             "exporter": "otlp", "endpoint": collector.url, "sample_ratio": 0, "trusted_proxies": ["127.0.0.0/8"]})
+        config["upstreams"]["exports"]["circuit_breaker"] = {"fail_max": 50, "reset_timeout_sec": 1}
         for route in config["routes"]:
             route["plugins"] = [{"rerun": {"max_reruns": 1, "overrides": {"timeout_sec": 1}}}
-                                if isinstance(p, dict) and "rerun" in p else
-                                {"circuit_breaker": {"fail_max": 50, "reset_timeout_sec": 1}}
-                                if isinstance(p, dict) and "circuit_breaker" in p else p for p in route["plugins"]]
+                                if isinstance(p, dict) and "rerun" in p else p for p in route["plugins"]]
         gateway = services("gateway", config, **fast_batches)
         task_id = httpx.post(f"{gateway.url}{API}", json={"export_type": "slow_export", "timeout_sec": 1},
                              headers=AUTH | _traceparent(submit), timeout=10).json()["data"]["task_id"]

@@ -25,14 +25,14 @@ async def test_a_url_sends_the_chain_through_the_proxy(services: Callable[..., S
     assert refused.status == 401 and refused.json()["code"] == 40100
 
 
-async def test_a_handler_as_upstream_sits_inside_the_routes_upstream_policy() -> None:
+async def test_a_handler_as_upstream_sits_inside_the_routes_policy() -> None:
     tries: list[int] = []
 
     async def flaky(ctx: RequestContext) -> GatewayResponse:
         tries.append(ctx.attempt)
         return GatewayResponse(503 if len(tries) == 1 else 200, body=b"")
 
-    async with PluginHarness(["auth", {"retry": {"attempts": 2, "backoff": {"initial": 0.001, "max": 0.001}}}],
+    async with PluginHarness(["auth"], policy={"retry": {"attempts": 2, "backoff": {"initial": 0.001, "max": 0.001}}},
                              tenants={"acme": "acme-key-0123456789"}, upstream=flaky, methods=["GET"]) as gw:
         answer = await gw.request("GET", "/test/a", api_key="acme-key-0123456789")
     assert answer.status == 200 and tries == [1, 2]

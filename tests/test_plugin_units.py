@@ -19,14 +19,15 @@ from exports_common.otel import TracingConfig
 from exports_common.signing import DownloadSigner
 from gateway import telemetry
 from gateway.breakers import Breakers
-from gateway.config import RouteConfig
+from gateway.config import GatewayConfig, RouteConfig
 from gateway.context import RequestContext
 from gateway.limiter import Limiter
 from gateway.plugins import PLUGINS
 from gateway.plugins.base import Plugin, RouteInfo
-from gateway.plugins.circuit_breaker import CircuitBreaker
-from gateway.plugins.retry import Retry
-from gateway.plugins.timeout import Timeout
+from gateway.policy import stats as policy_stats
+from gateway.policy.circuit_breaker import BreakerUse, CircuitBreakerSettings
+from gateway.policy.retry import Retry, RetrySettings
+from gateway.policy.timeout import Timeout
 from gateway.proxy import Proxy
 from gateway.request import GatewayRequest
 from gateway.response import GatewayResponse
@@ -48,6 +49,9 @@ class Unreachable:
     async def request(self, method: str, url: str, headers: list[tuple[str, str]], body: Body,
                       timeouts: Timeouts) -> GatewayResponse:
         raise UpstreamError("connect_error", "no upstream in an in-process test")
+
+    def resize(self, pool_sizes: dict[str, int]) -> None:
+        return None
 
     async def close(self) -> None:
         return None
@@ -76,6 +80,11 @@ def plugin(name: str, settings: dict[str, Any], upstream: Upstream, svc: Service
     return cls(upstream, cls.Settings.model_validate(settings), svc, route)
 
 
+def retry(settings: dict[str, Any], upstream: Upstream, svc: Services) -> Retry:
+    return Retry(upstream, RetrySettings.model_validate(settings), svc, RouteInfo("submit", "exports", ("POST",),
+                                                                                   upstream))
+
+
 class Scripted:
     """An upstream that answers from a script: an UpstreamError kind raises it, a status answers with it."""
 
@@ -99,12 +108,12 @@ RETRY = {"attempts": 3, "backoff": {"initial": 0, "max": 0}}
 def test_retry_tries_a_write_again_only_when_it_carries_a_task_id(tmp_path: Path) -> None:
     svc = services(tmp_path)
     with_id = Scripted("connect_error", "connect_error", 200)
-    resp = asyncio.run(plugin("retry", RETRY, with_id, svc)(context("POST", b"{}", task_id="exp_1")))
+    resp = asyncio.run(retry(RETRY, with_id, svc)(context("POST", b"{}", task_id="exp_1")))
     assert resp.status == 200 and len(with_id.calls) == 3
     assert with_id.attempts == [1, 2, 3] and with_id.calls[-1].retry_reason == "connect_error"
     without = Scripted("connect_error", 200)
     with pytest.raises(UpstreamError):
-        asyncio.run(plugin("retry", RETRY, without, svc)(context("POST", b"{}")))
+        asyncio.run(retry(RETRY, without, svc)(context("POST", b"{}")))
     assert len(without.calls) == 1  # a header set by some plugin no longer decides: the typed field does
 
 
@@ -130,14 +139,12 @@ def test_status_cache_answers_a_terminal_status_from_its_store(tmp_path: Path) -
     assert stats["status_cache"]["hits"] == 1 and stats["status_cache"]["misses"] == 1
 
 
-def test_the_upstream_policy_wraps_the_proxy_in_a_fixed_order_and_serves_rerun_too(tmp_path: Path) -> None:
+def test_plugins_run_as_listed_and_the_upstream_call_last_which_serves_rerun_too(tmp_path: Path) -> None:
     svc = services(tmp_path)
     svc.upstreams = {"exports": _upstream()}
-    # listed out of order and with a filter after them: the policy still sits innermost, timeout outermost
-    route = RouteConfig.model_validate({**ROUTE, "methods": ["GET"], "plugins": [
-        "auth", {"circuit_breaker": {}}, {"retry": {}}, {"timeout": {}}, {"task_id": {"action": "check"}},
-        {"rerun": {}}]})
-    chain = build_chain(route, svc)
+    route = RouteConfig.model_validate({**ROUTE, "methods": ["GET"], "policy": {"retry": {}, "timeout": {}},
+                                        "plugins": ["auth", {"rerun": {}}, {"task_id": {"action": "check"}}]})
+    chain = build_chain(route, BreakerUse("exports", CircuitBreakerSettings()), svc)
     seen = []
     handler: Any = chain
     while hasattr(handler, "next"):
@@ -145,7 +152,39 @@ def test_the_upstream_policy_wraps_the_proxy_in_a_fixed_order_and_serves_rerun_t
         if type(handler).__name__ == "Rerun":
             assert isinstance(handler.call_upstream, Timeout)  # its own call goes through the whole policy
         handler = handler.next
-    assert seen == ["Auth", "TaskId", "Rerun", "Timeout", "Retry", "CircuitBreaker"] and isinstance(handler, Proxy)
+    assert seen == ["Auth", "Rerun", "TaskId", "Timeout", "Retry", "CircuitBreaker"] and isinstance(handler, Proxy)
+
+
+def test_a_routes_own_breaker_and_its_upstreams_open_apart(tmp_path: Path) -> None:
+    """Two routes to one upstream: `api` shares the upstream's breaker, `download` has its own (scope: route)."""
+    svc = services(tmp_path)
+    config = GatewayConfig.model_validate({
+        "admin_token": "x" * 8, "download_signing": {"secrets": ["s" * 16]},
+        "upstreams": {"exports": {"url": "http://127.0.0.1:9", "circuit_breaker": {"fail_max": 2}}},
+        "routes": [{**ROUTE, "name": "api", "methods": ["GET"]},
+                   {**ROUTE, "name": "download", "methods": ["GET"],
+                    "policy": {"circuit_breaker": {"scope": "route", "reset_timeout_sec": 60}}}]})
+    api, download = config.routes
+    assert config.breaker_of(api) == BreakerUse("exports", CircuitBreakerSettings(fail_max=2))
+    assert config.breaker_of(download) == BreakerUse("exports@download",
+                                                     CircuitBreakerSettings(fail_max=2, reset_timeout_sec=60))
+    failing = Scripted("connect_error")
+    chains = {r.name: build_chain(r, config.breaker_of(r), svc, failing) for r in config.routes}
+
+    async def outcome(route: str) -> str:
+        try:
+            return str((await chains[route](context())).status)
+        except UpstreamError as exc:
+            return exc.kind
+
+    async def run() -> list[str]:
+        return [await outcome(r) for r in ("api", "api", "api", "download", "download", "download", "api")]
+
+    assert asyncio.run(run()) == ["connect_error", "connect_error", "circuit_open",  # the upstream's opens
+                                  "connect_error", "connect_error", "circuit_open",  # the route's, on its own
+                                  "circuit_open"]
+    assert len(failing.calls) == 4
+    assert set(svc.breakers.by_upstream) == {"exports", "exports@download"}
 
 
 def _upstream() -> Any:
@@ -153,27 +192,52 @@ def _upstream() -> Any:
                            Timeouts(connect=1, read=1))
 
 
-@pytest.mark.parametrize("plugins, problem", [
-    (["auth", "validate", {"retry": {}}], "route `submit`: retry needs `task_id`, which no earlier plugin provides"),
+@pytest.mark.parametrize("plugins, at, problem", [
     (["validate", {"task_id": {"action": "generate"}}, "outbox"],
-     "route `submit`: outbox needs `tenant`, which no earlier plugin provides"),
+     ("plugins", 2, "outbox"), "route `submit`: outbox needs `tenant`, which no earlier plugin provides: list auth "
+                               "before it"),
     (["auth", {"task_id": {"action": "generate"}}, "outbox"],
-     "route `submit`: outbox needs `body`, which no earlier plugin provides"),
+     ("plugins", 2, "outbox"), "route `submit`: outbox needs `body`, which no earlier plugin provides: list validate "
+                               "before it"),
+    (["auth", {"task_id": {"action": "generate"}}, "outbox", "validate"],  # the provider, listed too late
+     ("plugins", 2, "outbox"), "route `submit`: outbox needs `body`, which validate provides, but validate is listed "
+                               "after it: list validate before outbox"),
     (["auth", {"task_id": {"action": "generate"}}, "idempotency"],
-     "route `submit`: idempotency sets `task_id`, so it must come before task_id"),
-    (["auth", "status_cache"], None),  # a write route: nothing is cached, but the tenant is there
+     ("plugins", 2, "idempotency"), "route `submit`: idempotency sets `task_id`, so it must come before task_id, "
+                                    "which sets one only when no earlier plugin did"),
+    (["auth", "status_cache"], None, None),  # a write route: nothing is cached, but the tenant is there
 ])
-def test_each_route_is_checked_against_the_plugins_declared_contracts(plugins: list[Any], problem: str | None) -> None:
+def test_each_route_is_checked_against_the_plugins_declared_contracts(plugins: list[Any], at: tuple[Any, ...] | None,
+                                                                      problem: str | None) -> None:
     if problem is None:
-        RouteConfig.model_validate({**ROUTE, "plugins": plugins})
+        assert RouteConfig.model_validate({**ROUTE, "plugins": plugins}).plugins[1].name == "status_cache"
         return
     with pytest.raises(ValidationError) as err:
         RouteConfig.model_validate({**ROUTE, "plugins": plugins})
-    assert problem in str(err.value)
+    [error] = err.value.errors()
+    assert (error["loc"], error["msg"]) == (at, problem)
 
 
-def test_a_get_route_may_retry_without_a_task_id() -> None:
-    RouteConfig.model_validate({**ROUTE, "methods": ["GET"], "plugins": ["auth", {"retry": {}}]})
+def test_a_write_route_retries_only_with_a_task_id_and_a_read_route_without_one() -> None:
+    with pytest.raises(ValidationError) as err:
+        RouteConfig.model_validate({**ROUTE, "plugins": ["auth", "validate"], "policy": {"retry": {}}})
+    [error] = err.value.errors()
+    assert error["loc"] == ("policy", "retry")
+    assert error["msg"] == ("route `submit`: policy.retry needs `task_id`, which no earlier plugin provides: list "
+                            "idempotency or task_id before it")
+    read = RouteConfig.model_validate({**ROUTE, "methods": ["GET"], "plugins": ["auth"], "policy": {"retry": {}}})
+    assert read.policy.retry is not None and read.policy.retry.attempts == 3
+
+
+def test_a_plugin_that_answers_every_request_must_be_listed_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(PLUGINS["fault"], "terminal_handler", True)  # as a handler plugin declares itself
+    with pytest.raises(ValidationError) as err:
+        RouteConfig.model_validate({**ROUTE, "methods": ["GET"], "plugins": ["fault", "auth", "list_query"]})
+    [error] = err.value.errors()
+    assert error["loc"] == ("plugins", 0, "fault")
+    assert error["msg"] == ("route `submit`: fault answers every request itself, so auth, list_query after it would "
+                            "never run: list it last")
+    assert RouteConfig.model_validate({**ROUTE, "methods": ["GET"], "plugins": ["auth", "fault"]}).plugins
 
 
 def test_plugin_state_and_metrics_are_one_per_process_across_reloads(tmp_path: Path) -> None:
@@ -187,17 +251,12 @@ def test_plugin_state_and_metrics_are_one_per_process_across_reloads(tmp_path: P
 
 def test_stats_are_each_plugins_own_part(tmp_path: Path) -> None:
     svc = services(tmp_path)
-    parts: dict[str, Any] = {}
+    parts: dict[str, Any] = policy_stats(svc)
     for cls in PLUGINS.values():
         parts.update(asyncio.run(cls.stats(svc)))
     assert {"status_cache", "idempotency_keys", "outbox", "retry_budget"} <= parts.keys()
     assert parts["outbox"]["pending"] == 0
     assert json.dumps(parts)  # what /admin/stats sends
-
-
-def test_policy_plugins_know_their_rank() -> None:
-    assert Timeout.upstream_policy < Retry.upstream_policy < CircuitBreaker.upstream_policy
-    assert not PLUGINS["auth"].upstream_policy
 
 
 def test_rerun_asks_through_the_routes_upstream_call_and_answers_the_task_as_it_now_is(tmp_path: Path) -> None:
@@ -228,3 +287,17 @@ def test_a_contract_naming_no_context_field_is_refused(monkeypatch: pytest.Monke
     with pytest.raises(ValidationError) as err:
         RouteConfig.model_validate({**ROUTE, "methods": ["GET"], "plugins": ["auth"]})
     assert "route `submit`: auth declares `tenant_id`, which is not a field of the request context" in str(err.value)
+
+
+def test_a_plugin_that_needs_json_names_the_plugin_that_provides_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(PLUGINS["list_query"], "needs", frozenset({"json"}))  # as a plugin reading the body may
+    too_early = {**ROUTE, "methods": ["POST"], "plugins": ["auth", "list_query", "validate"]}
+    missing = {**ROUTE, "methods": ["POST"], "plugins": ["auth", "list_query"]}
+    for route, problem in ((too_early, "route `submit`: list_query needs `json`, which validate provides, but validate "
+                                       "is listed after it: list validate before list_query"),
+                           (missing, "route `submit`: list_query needs `json`, which no earlier plugin provides: list "
+                                     "validate before it")):
+        with pytest.raises(ValidationError) as err:
+            RouteConfig.model_validate(route)
+        [error] = err.value.errors()
+        assert (error["loc"], error["msg"]) == (("plugins", 1, "list_query"), problem)

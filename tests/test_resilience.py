@@ -19,13 +19,22 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 BREAKER = {"fail_max": 3, "reset_timeout_sec": 2}
 
 
-def tuned(config: dict[str, Any], **plugin_settings: Any) -> dict[str, Any]:
-    """The default routes with some plugins' settings replaced (the same on every route that has them)."""
+def tuned(config: dict[str, Any], **settings: Any) -> dict[str, Any]:
+    """The default config with some settings replaced wherever they are given: `circuit_breaker` on every upstream
+    that has one, `timeout` and `retry` in every route's policy that has them, a plugin's on every route that
+    lists it."""
+    for upstream in config["upstreams"].values():
+        if "circuit_breaker" in settings and "circuit_breaker" in upstream:
+            upstream["circuit_breaker"] = settings["circuit_breaker"]
     for route in config["routes"]:
+        policy = route.get("policy", {})
+        for name in ("timeout", "retry"):
+            if name in settings and name in policy:
+                policy[name] = settings[name]
         for i, plugin in enumerate(route["plugins"]):
             name = plugin if isinstance(plugin, str) else next(iter(plugin))
-            if name in plugin_settings:
-                route["plugins"][i] = {name: plugin_settings[name]}
+            if name in settings:
+                route["plugins"][i] = {name: settings[name]}
     return config
 
 

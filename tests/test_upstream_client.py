@@ -157,8 +157,8 @@ async def get(client: HttpClient, url: str, timeouts: Timeouts = QUICK, method: 
 
 
 @contextlib.asynccontextmanager
-async def client_of(pool_size: int = 10) -> AsyncIterator[HttpClient]:
-    client = HttpClient(pool_size)
+async def client_of(pool_size: int = 10, pool_sizes: dict[str, int] | None = None) -> AsyncIterator[HttpClient]:
+    client = HttpClient(pool_size, pool_sizes=pool_sizes)
     try:
         yield client
     finally:
@@ -178,37 +178,48 @@ async def test_sequential_calls_share_one_kept_alive_connection() -> None:
     assert len(ports) == 1
 
 
+async def held_at_most(client: HttpClient, url: str, in_flight: InFlight, n: int, bound: int) -> None:
+    """`n` held requests: `bound` reach the server and no more while they are held; then all are answered."""
+    calls = [asyncio.create_task(get(client, f"{url}/held")) for _ in range(n)]
+    await poll(lambda: in_flight.now == bound, f"{bound} requests at the server")
+    for _ in range(3):  # a few turns of the loop: nothing more may arrive while they are held
+        await asyncio.sleep(0)
+    assert in_flight.now == bound
+    in_flight.release.set()
+    assert [status for status, _ in await asyncio.gather(*calls)] == [200] * n
+
+
 @on_both_loops
 async def test_pool_bound_holds_requests_until_a_connection_is_free() -> None:
     in_flight = InFlight()
     async with uvicorn_server(in_flight) as url, client_of(pool_size=2) as client:
-        calls = [asyncio.create_task(get(client, f"{url}/held")) for _ in range(6)]
-        await poll(lambda: in_flight.now == 2, "two requests at the server")
-        for _ in range(3):  # a few turns of the loop: nothing more may arrive while both are held
-            await asyncio.sleep(0)
-        assert in_flight.now == 2
-        in_flight.release.set()
-        results = await asyncio.gather(*calls)
-    assert [status for status, _ in results] == [200] * 6
+        await held_at_most(client, url, in_flight, 6, 2)
     assert in_flight.most == 2
 
 
 @on_both_loops
 async def test_an_origin_with_its_own_pool_size_is_bounded_by_it() -> None:
     in_flight = InFlight()
-    async with uvicorn_server(in_flight) as url:
-        client = HttpClient(1, pool_sizes={url: 3})
-        try:
-            calls = [asyncio.create_task(get(client, f"{url}/held")) for _ in range(6)]
-            await poll(lambda: in_flight.now == 3, "three requests at the server")
-            for _ in range(3):  # a few turns of the loop: nothing more may arrive while they are held
-                await asyncio.sleep(0)
-            in_flight.release.set()
-            results = await asyncio.gather(*calls)
-        finally:
-            await client.close()
-    assert [status for status, _ in results] == [200] * 6
+    async with uvicorn_server(in_flight) as url, client_of(1, pool_sizes={url: 3}) as client:
+        await held_at_most(client, url, in_flight, 6, 3)
     assert in_flight.most == 3
+
+
+@on_both_loops
+async def test_a_new_pool_size_applies_to_requests_waiting_and_to_later_ones() -> None:
+    in_flight = InFlight()
+    async with uvicorn_server(in_flight) as url, client_of(1, pool_sizes={url: 2}) as client:
+        calls = [asyncio.create_task(get(client, f"{url}/held")) for _ in range(6)]
+        await poll(lambda: in_flight.now == 2, "two requests at the server")
+        client.resize({url: 4})  # a reload that raises the bound: two of the waiting go at once
+        await poll(lambda: in_flight.now == 4, "four requests at the server")
+        client.resize({url: 1})  # lowered while four are lent: it holds once they are back
+        in_flight.release.set()
+        assert [status for status, _ in await asyncio.gather(*calls)] == [200] * 6
+        in_flight.release.clear()
+        in_flight.most = 0
+        await held_at_most(client, url, in_flight, 3, 1)
+    assert in_flight.most == 1
 
 
 @on_both_loops

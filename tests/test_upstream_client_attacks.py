@@ -838,7 +838,7 @@ def gateway_on_raw(module_services: Callable[..., Service],
                                  "rewrite": "/{rest}", "plugins": ["auth"]})
         config["routes"].append({"name": "raw-timed", "path": "/timed/{rest}", "methods": ["GET"], "upstream": "raw",
                                  "rewrite": "/{rest}",
-                                 "plugins": ["auth", {"timeout": {"connect": 1, "read": 2, "total": 1}}]})
+                                 "plugins": ["auth"], "policy": {"timeout": {"connect": 1, "read": 2, "total": 1}}})
         yield module_services("gateway", config, name="gateway-raw"), upstream
 
 

@@ -36,21 +36,23 @@ class Contract:
     `needs`: fields an earlier plugin must provide. `provides`: fields it sets before calling
     the next. `defaults`: fields it sets only when no earlier plugin did, so a plugin that
     `provides` one of them must come first. `agrees`: values every plugin of the route that
-    names the same key must give alike (e.g. the prefix of task ids).
+    names the same key must give alike (e.g. the prefix of task ids). `terminal`: it answers
+    every request itself and never calls the next handler, so it must be listed last.
     """
 
     needs: frozenset[str] = frozenset()
     provides: frozenset[str] = frozenset()
     defaults: frozenset[str] = frozenset()
     agrees: tuple[tuple[str, object], ...] = ()
+    terminal: bool = False
 
 
 @dataclass(frozen=True)
 class RouteInfo:
     """The route a plugin instance serves: its name (the metrics label) and its upstream call.
 
-    `call_upstream` is the route's upstream policy (timeout, retry, breaker) wrapped
-    around the proxy: a plugin that makes a call of its own (rerun) goes through it.
+    `call_upstream` is the route's upstream call (its policy and breaker around the proxy,
+    gateway/policy/): a plugin that makes a call of its own (rerun) goes through it.
     """
 
     name: str
@@ -75,10 +77,8 @@ class PluginBase(ABC, Generic[S]):
     # fields a plugin sets or needs whatever its settings; `contract` may refine them per use
     needs: ClassVar[frozenset[str]] = frozenset()
     provides: ClassVar[frozenset[str]] = frozenset()
-    # non-zero: part of the route's upstream call, applied around the proxy in this rank's order
-    upstream_policy: ClassVar[int] = 0
-    # its settings are one per upstream: every route to the upstream must give the same
-    per_upstream: ClassVar[bool] = False
+    # it answers every request itself (a handler, not a filter): the route's check wants it listed last
+    terminal_handler: ClassVar[bool] = False
 
     def __init__(self, next: Handler, settings: S, services: Services, route: RouteInfo) -> None:
         self.next = next
@@ -92,7 +92,7 @@ class PluginBase(ABC, Generic[S]):
 
     @classmethod
     def contract(cls, settings: Any, methods: tuple[str, ...]) -> Contract:
-        return Contract(needs=cls.needs, provides=cls.provides)
+        return Contract(needs=cls.needs, provides=cls.provides, terminal=cls.terminal_handler)
 
     @classmethod
     def background(cls, current: CurrentServices) -> list[Coroutine[Any, Any, None]]:

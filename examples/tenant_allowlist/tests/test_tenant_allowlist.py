@@ -44,4 +44,5 @@ def test_a_route_without_auth_before_it_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as refused:
         PluginHarness([{"tenant_allowlist": {"tenants": ["acme"]}}, "auth"])
     assert refused.value.problems == [
-        "routes[0]: route `test`: tenant_allowlist needs `tenant`, which no earlier plugin provides"]
+        "routes[0].plugins[0].tenant_allowlist: route `test`: tenant_allowlist needs `tenant`, which auth provides, "
+        "but auth is listed after it: list auth before tenant_allowlist"]

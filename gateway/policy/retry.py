@@ -1,10 +1,10 @@
-"""retry: idempotent requests are tried again on connect errors, timeouts, resets and chosen statuses.
+"""policy.retry: idempotent requests are tried again on connect errors, timeouts, resets and chosen statuses.
 
 Idempotent means GET, HEAD, or a request with a task id on the context
 (`ctx.task_id`: a submit's create is idempotent by task id), so on a route with
-other methods retry needs `task_id`, which the config check makes sure an earlier
-plugin provides. It is part of the route's upstream policy, inside timeout and
-around circuit_breaker, whatever its place in the YAML. Backoff is
+other methods retry needs `task_id`, which the config check makes sure one of the
+route's plugins provides. It is part of the route's upstream call, inside the
+timeout and around the breaker (gateway/policy/__init__.py). Backoff is
 exponential with full jitter; an upstream `Retry-After` is honoured when it fits
 in what is left of the total deadline. A retry budget per upstream caps retries
 at a share of requests (gateway/retry_budget.py), so a failing upstream is not
@@ -16,12 +16,12 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Contract, PluginBase, RouteInfo, Settings
+from gateway.plugins.base import RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.retry_budget import RetryBudget, RetryBudgets
 from gateway.services import Services
@@ -84,13 +84,28 @@ def _budgets(services: Services) -> RetryBudgets:
     return services.state.shared("retry_budgets", RetryBudgets)
 
 
-class Retry(PluginBase[RetrySettings]):
-    name: ClassVar[str] = "retry"
-    Settings: ClassVar[type[RetrySettings]] = RetrySettings
-    upstream_policy: ClassVar[int] = 2
+def needs(settings: RetrySettings, methods: tuple[str, ...]) -> frozenset[str]:
+    """The context fields a route's retry needs: a task id where it may retry a write."""
+    writes = settings.attempts > 1 and any(m not in IDEMPOTENT_METHODS for m in methods)
+    return frozenset({"task_id"}) if writes else frozenset()
 
+
+def observe(services: Services) -> None:
+    budgets = _budgets(services).by_upstream
+    services.metrics.observe_gauge(
+        "gateway_retries_in_flight", "retries in flight, by upstream (the budget caps them)",
+        lambda: [(b.retries_in_flight, {"upstream": name}) for name, b in budgets.items()])
+
+
+def stats(services: Services) -> dict[str, Any]:
+    return {"retry_budget": {name: b.describe() for name, b in _budgets(services).by_upstream.items()}}
+
+
+class Retry:
     def __init__(self, next: Handler, settings: RetrySettings, services: Services, route: RouteInfo) -> None:
-        super().__init__(next, settings, services, route)
+        self.next = next
+        self.settings = settings
+        self.route = route.name
         self.kinds = {r for r in settings.retry_on if isinstance(r, str)}
         self.statuses = {r for r in settings.retry_on if isinstance(r, int)}
         self.counts = _counts(services)
@@ -98,23 +113,7 @@ class Retry(PluginBase[RetrySettings]):
             self.counts.retries.seed(route.upstream, route.name, str(reason))
         self.counts.success.seed(route.upstream, route.name)
         self.counts.budget_exhausted.seed(route.upstream, route.name)
-        self.budget: RetryBudget | None = None
-
-    @classmethod
-    def contract(cls, settings: RetrySettings, methods: tuple[str, ...]) -> Contract:
-        writes = settings.attempts > 1 and any(m not in IDEMPOTENT_METHODS for m in methods)
-        return Contract(needs=frozenset({"task_id"}) if writes else frozenset())
-
-    @classmethod
-    def observe(cls, services: Services) -> None:
-        budgets = _budgets(services).by_upstream
-        services.metrics.observe_gauge(
-            "gateway_retries_in_flight", "retries in flight, by upstream (the budget caps them)",
-            lambda: [(b.retries_in_flight, {"upstream": name}) for name, b in budgets.items()])
-
-    @classmethod
-    async def stats(cls, services: Services) -> dict[str, Any]:
-        return {"retry_budget": {name: b.describe() for name, b in _budgets(services).by_upstream.items()}}
+        self.budget = _budgets(services).get(route.upstream)
 
     @staticmethod
     def _idempotent(ctx: RequestContext) -> bool:
@@ -130,8 +129,6 @@ class Retry(PluginBase[RetrySettings]):
         if ctx.method not in IDEMPOTENT_METHODS:
             await ctx.read_body(self.settings.max_body_bytes)
         budget = self.budget
-        if budget is None:  # a route has one upstream
-            budget = self.budget = _budgets(self.services).get(ctx.upstream)
         budget.request_started()
         try:
             return await self._tries(ctx, budget)
