@@ -164,6 +164,13 @@ def callback_due(task: Task) -> float | None:
     return cb.get("next_at") if cb is not None and cb.get("state") == DeliveryState.PENDING else None
 
 
+def page_size(limit: int) -> int:
+    """A change-log read's `limit`; below 1 a reader would never move on (ValueError: a client error)."""
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    return limit
+
+
 def encode_cursor(created_at: float, task_id: str) -> str:
     return base64.urlsafe_b64encode(json.dumps([created_at, task_id]).encode()).decode().rstrip("=")
 

@@ -42,6 +42,7 @@ from backend_stub.store.base import (
     callback_due,
     decode_cursor,
     encode_cursor,
+    page_size,
 )
 from backend_stub.store.fair import Fairness
 from exports_common.contract import Status
@@ -274,9 +275,10 @@ class RedisTaskStore:
 
     async def changes(self, after: str | None, limit: int, wait_sec: float = 0.0) -> list[ChangeEntry]:
         start = records.stream_id(after) if after is not None else ""
+        page = page_size(limit)
         deadline = time.monotonic() + wait_sec
         while True:
-            found = await self._read_changes([self.changes_key, self.trimmed_key], [start, limit])
+            found = await self._read_changes([self.changes_key, self.trimmed_key], [start, page])
             if found is None:
                 raise ChangeLogGap(after)
             remaining = deadline - time.monotonic()
@@ -295,15 +297,12 @@ class RedisTaskStore:
                                             [int(self.change_retention_sec * 1000)]))
 
     async def change_log_stats(self) -> tuple[int, float | None]:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xlen(self.changes_key)
-            pipe.xrange(self.changes_key, "-", "+", count=1)
-            pipe.time()
-            length, oldest, (seconds, micros) = await pipe.execute()
+        length = await self.redis.xlen(self.changes_key)
+        oldest = cast("list[tuple[str, dict[str, str]]]", await self.redis.xrange(self.changes_key, "-", "+", count=1))
         if not oldest:
             return int(length), None
-        oldest_ms = int(oldest[0][0].partition("-")[0])
-        return int(length), max(0.0, seconds + micros / 1e6 - oldest_ms / 1000)
+        # an entry id starts with its time in ms (Redis's clock)
+        return int(length), max(0.0, time.time() - int(oldest[0][0].partition("-")[0]) / 1000)
 
     async def delete(self, task_id: str) -> None:
         task = await self.get(task_id)

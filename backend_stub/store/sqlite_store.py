@@ -30,6 +30,7 @@ from backend_stub.store.base import (
     callback_due,
     decode_cursor,
     encode_cursor,
+    page_size,
 )
 from backend_stub.store.fair import Fairness, Turns
 from exports_common.contract import TERMINAL, DeliveryState, Status
@@ -339,7 +340,7 @@ class SqliteTaskStore:
             if position < trimmed or position > self._last_change():
                 raise ChangeLogGap(after)
         rows = self.db.execute("SELECT id, task_id, tenant, task FROM changes WHERE id > ? ORDER BY id LIMIT ?",
-                               (position, limit)).fetchall()
+                               (position, page_size(limit))).fetchall()
         return [ChangeEntry(_change_id(row[0]), row[1], row[2], json.loads(row[3])) for row in rows]
 
     async def changes(self, after: str | None, limit: int, wait_sec: float = 0.0) -> list[ChangeEntry]:
