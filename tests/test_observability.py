@@ -144,8 +144,8 @@ def test_backend_metrics_from_start_up_and_after_work(services: Callable[..., Se
     assert metric(text, "backend_tasks", tenant="t1", status="COMPLETED") == 1
     assert metric(text, "backend_queue_oldest_pending_age_seconds", tenant="t1") == 0
     # created, started, failed and re-queued, started again, completed: at least five changes
-    assert metric(text, "backend_change_log_entries") >= 5
-    assert 0 < metric(text, "backend_change_log_oldest_age_seconds") < 60
+    assert (metric(text, "backend_change_log_entries") or 0) >= 5
+    assert 0 < (metric(text, "backend_change_log_oldest_age_seconds") or 0) < 60
 
 
 def test_queue_age_grows_while_tasks_wait(services: Callable[..., Service], tmp_path: Path) -> None:

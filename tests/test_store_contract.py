@@ -15,7 +15,7 @@ import pytest
 from backend_stub import lifecycle
 from backend_stub.config import SchedulerConfig
 from backend_stub.models import Task
-from backend_stub.store.base import ChangeEntry, ChangeLogGap, Lease, TaskStore
+from backend_stub.store.base import ChangeEntry, ChangeLogGap, DeliveryClaim, Lease, TaskStore
 from backend_stub.store.fair import Fairness
 from backend_stub.store.redis_store import RedisTaskStore
 from backend_stub.store.sqlite_store import SqliteTaskStore
@@ -416,6 +416,7 @@ async def _notified(store: TaskStore) -> Task:
     await store.create(task)
     done, _ = await store.update(task.task_id, lifecycle.finish(Status.COMPLETED))
     assert done is not None and done.callback is not None and done.callback["seq"] == 1
+    assert await _due(store) == [task.task_id], "due at once"
     return done
 
 
@@ -423,13 +424,20 @@ async def _due(store: TaskStore) -> list[str]:
     return await store.due_callbacks(time.time(), 100)
 
 
-async def test_a_due_delivery_is_claimed_by_one_holder_once_per_notification(open_store: StoreKit) -> None:
+async def _claimed(open_store: StoreKit, holder: str, lease_sec: float = 30
+                   ) -> tuple[TaskStore, TaskStore, Task, DeliveryClaim]:
+    """Two handles on one store (as two backends have) and a notified task whose delivery `holder` claimed."""
     store = await open_store()
     other = await open_store.peer(store)
     task = await _notified(store)
-    assert await _due(store) == [task.task_id]
-    claim = await store.claim_callback(task.task_id, "a", 30)
-    assert claim is not None and (claim.seq, claim.holder, claim.taken_over) == (1, "a", False)
+    claim = await store.claim_callback(task.task_id, holder, lease_sec)
+    assert claim is not None
+    return store, other, task, claim
+
+
+async def test_a_due_delivery_is_claimed_by_one_holder_once_per_notification(open_store: StoreKit) -> None:
+    store, other, task, claim = await _claimed(open_store, "a")
+    assert (claim.seq, claim.holder, claim.taken_over) == (1, "a", False)
     assert claim.task.callback == task.callback, "the claim carries what to deliver"
     assert await other.claim_callback(task.task_id, "b", 30) is None, "held by a"
     again = await store.claim_callback(task.task_id, "a", 30)
@@ -448,11 +456,7 @@ async def test_a_due_delivery_is_claimed_by_one_holder_once_per_notification(ope
 
 
 async def test_a_claim_that_ran_out_is_taken_over_and_its_old_holder_is_fenced(open_store: StoreKit) -> None:
-    store = await open_store()
-    other = await open_store.peer(store)
-    task = await _notified(store)
-    dead = await store.claim_callback(task.task_id, "dead", 0.3)
-    assert dead is not None
+    store, other, task, dead = await _claimed(open_store, "dead", lease_sec=0.3)
     await asyncio.sleep(0.5)
     assert await _due(other) == [task.task_id], "due again once the claim ran out"
     alive = await other.claim_callback(task.task_id, "alive", 30)
@@ -467,11 +471,7 @@ async def test_a_claim_that_ran_out_is_taken_over_and_its_old_holder_is_fenced(o
 
 
 async def test_a_failed_try_releases_the_claim_and_the_retry_is_claimed_when_due(open_store: StoreKit) -> None:
-    store = await open_store()
-    other = await open_store.peer(store)
-    task = await _notified(store)
-    first = await store.claim_callback(task.task_id, "a", 30)
-    assert first is not None
+    store, other, task, first = await _claimed(open_store, "a")
     await store.update(task.task_id, lifecycle.callback_attempted(1, "the receiver answered 500", DELAYS), claim=first)
     assert await other.claim_callback(task.task_id, "b", 30) is None, "the retry is not due yet"
     await asyncio.sleep(0.4)
@@ -482,11 +482,7 @@ async def test_a_failed_try_releases_the_claim_and_the_retry_is_claimed_when_due
 
 async def test_a_newer_notification_waits_for_the_claimed_one_and_fences_its_outcome(open_store: StoreKit) -> None:
     """Deliveries of one task are claimed one at a time; an outcome of a replaced notification changes nothing."""
-    store = await open_store()
-    other = await open_store.peer(store)
-    task = await _notified(store)
-    first = await store.claim_callback(task.task_id, "a", 30)
-    assert first is not None
+    store, other, task, first = await _claimed(open_store, "a")
     await other.update(task.task_id, lambda t: lifecycle.notify(t, time.time()))  # an operator's redeliver
     assert await other.claim_callback(task.task_id, "b", 30) is None, "seq 1 is still being delivered"
     current, changed = await store.update(task.task_id, lifecycle.callback_attempted(1, None, DELAYS), claim=first)
