@@ -141,8 +141,9 @@ class CallbackSender:
             assert cb is not None  # a claim is taken on a pending notification only
             if claim.taken_over:
                 metrics.callback_claims_taken_over.inc()
-                log.warning("callback delivery taken over from a backend that stopped mid-delivery; the receiver "
-                            "may get this notification twice (the same webhook-id)",
+                log.warning("callback delivery taken over: its last claim ran out without an outcome (a backend "
+                            "died mid-delivery, or could not reach the store); the receiver may get this "
+                            "notification twice, with the same webhook-id",
                             extra={"task_id": task_id, "callback_seq": claim.seq})
             try:
                 with tracing.callback_delivery(task, cb["seq"], cb["attempts"] + 1) as trace_headers:

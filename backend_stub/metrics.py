@@ -42,8 +42,8 @@ task_ends = Counter("backend_task_ends", "attempts that ended, by status", ("exp
 callbacks = Counter("backend_callback_deliveries", "callback delivery tries, by outcome", ("outcome",),
                     registry=REGISTRY)
 callback_claims_taken_over = Counter(
-    "backend_callback_claims_taken_over", "callback deliveries claimed after their holder's claim ran out "
-    "without an outcome (it died mid-delivery): each may reach the receiver twice", registry=REGISTRY)
+    "backend_callback_claims_taken_over", "callback deliveries claimed after the last claim ran out without an "
+    "outcome (a backend died mid-delivery): each may reach the receiver twice", registry=REGISTRY)
 callback_delay = Histogram("backend_callback_delivery_delay_seconds",
                            "from the task's end to its callback's delivery", buckets=SECONDS, registry=REGISTRY)
 change_log_entries = Gauge("backend_change_log_entries", "entries kept in the store's change log",
