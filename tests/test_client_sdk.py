@@ -40,7 +40,7 @@ from exports_client import (
     polling,
     verify_webhook,
 )
-from exports_client.models import FORMATS, STATUSES, CallbackState, Result, TaskError
+from exports_client.models import STATUSES, CallbackState, Result, TaskError
 from exports_common import webhooks
 from tests.client_stack import SLOW_DELAY_SEC, ClientStack, CuttingProxy, start_stack
 from tests.conftest import DEMO2_KEY, DEMO_KEY
@@ -366,7 +366,7 @@ def test_models_match_the_gateways_live_openapi(stack: ClientStack, model: type,
     schemas = httpx.get(f"{stack.gateway.url}/openapi.json").json()["components"]["schemas"]
     schema = schemas[name]
     hints = typing.get_type_hints(model)
-    fields = {f.name for f in dataclasses.fields(model)}
+    fields = {f.name for f in dataclasses.fields(model)} - {"extra"}  # extra: what a newer gateway adds
     assert fields == set(schema["properties"]), f"{name}: fields differ from the gateway's schema"
     for field in fields:
         expected = _openapi_types(schema["properties"][field], schemas)
@@ -375,10 +375,9 @@ def test_models_match_the_gateways_live_openapi(stack: ClientStack, model: type,
         assert _schema_types(hints[field]) == expected, (name, field)
 
 
-def test_the_sdks_statuses_and_formats_are_the_gateways(stack: ClientStack) -> None:
+def test_the_sdks_statuses_are_the_gateways(stack: ClientStack) -> None:
     schemas = httpx.get(f"{stack.gateway.url}/openapi.json").json()["components"]["schemas"]
     assert schemas["Status"]["enum"] == list(STATUSES)
-    assert schemas["Format"]["enum"] == list(FORMATS)
 
 
 def test_openapi_types_the_filters_of_each_export_type(stack: ClientStack) -> None:
