@@ -139,6 +139,7 @@ class TaskStore(Protocol):
           store raises ValueError (a client error).
         - With `wait_sec` > 0 and nothing after `after`, the call waits up to `wait_sec` for an entry,
           woken by the write (no busy polling), and returns [] if none came.
+        - Memory is bounded by `limit` (at least 1, else ValueError): a consumer reads on page by page.
         """
 
     async def latest_change_id(self) -> str | None:
