@@ -1,7 +1,11 @@
 """Delivers callbacks: signed, retried on a schedule, durable, fair across tenants, and apart from the workers.
 
 The pending notification lives on the task record with the time it is next due,
-so deliveries survive a restart. No receiver can stall the sender:
+so deliveries survive a restart. Every backend on a store polls the due deliveries;
+each try is claimed in the store first (`TaskStore.claim_callback`), so one backend
+sends it and only that one records the outcome: a notification reaches the receiver
+once per try, and twice only when a backend dies mid-delivery and another takes its
+claim over once the claim's lease has run out. No receiver can stall the sender:
 - any failure of a try (refused address, bad name, reset, timeout, redirect, an
   exception nobody foresaw) is recorded as a failed try, so the schedule moves on;
 - the answer's status is all that is used; the body is never read, so a huge or
@@ -18,6 +22,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import secrets
+import socket
 import time
 from collections import Counter
 from typing import Any
@@ -57,6 +64,8 @@ class CallbackSender:
         self._logged: set[str] = set()  # task ids whose repeated failure was logged already
         self._deliveries: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
+        # whose claims these are: unique per process start, so a restarted backend does not pass for its old self
+        self.holder = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
     async def run(self) -> None:
         connector = aiohttp.TCPConnector(resolver=PinnedResolver(self.policy), use_dns_cache=False,
@@ -124,17 +133,29 @@ class CallbackSender:
 
     async def _deliver(self, task_id: str) -> None:
         try:
-            task = await self.store.get(task_id)
-            if task is None or task.callback is None or task.callback_url is None:
+            claim = await self.store.claim_callback(task_id, self.holder, self.config.claim_lease())
+            if claim is None:  # another backend delivers it, or it is no longer due
                 return
+            task = claim.task
             cb = task.callback
+            assert cb is not None  # a claim is taken on a pending notification only
+            if claim.taken_over:
+                metrics.callback_claims_taken_over.inc()
+                log.warning("callback delivery taken over: its last claim ran out without an outcome (a backend "
+                            "died mid-delivery, or could not reach the store); the receiver may get this "
+                            "notification twice, with the same webhook-id",
+                            extra={"task_id": task_id, "callback_seq": claim.seq})
             try:
                 with tracing.callback_delivery(task, cb["seq"], cb["attempts"] + 1) as trace_headers:
                     error, final = await self._try(task, cb, trace_headers)
             except Exception as exc:  # noqa: BLE001 - whatever failed, it was one failed try: the schedule moves on
                 error, final = error_text(exc), False
-            await self.store.update(task_id, lifecycle.callback_attempted(cb["seq"], error,
-                                                                          self.config.retry_delays_sec, final))
+            _, recorded = await self.store.update(task_id, lifecycle.callback_attempted(
+                cb["seq"], error, self.config.retry_delays_sec, final), claim=claim)
+            if not recorded:
+                log.warning("callback outcome not recorded: this delivery's claim ran out and another backend "
+                            "took it over", extra={"task_id": task_id, "callback_seq": cb["seq"], "error": error})
+                return
             outcome = "delivered" if error is None else ("failed" if final else "will retry")
             metrics.callback_tried(metrics.callback_outcome(error, final or cb["attempts"] >= len(
                 self.config.retry_delays_sec)), task.finished_at)

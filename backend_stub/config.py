@@ -62,6 +62,9 @@ class CallbackConfig(Strict):
                                                "tenant, so others always find a slot; default half of concurrency")
     scan_limit: int = Field(1000, ge=1, le=100_000, description="due deliveries looked at per poll, soonest first")
     poll_interval_sec: float = Field(0.2, gt=0)
+    claim_lease_sec: float | None = Field(None, gt=0, description=(
+        "how long a backend holds a delivery it claimed; if it dies mid-delivery, another backend sends it "
+        "again after this. Longer than timeout_sec; default timeout_sec + 20"))
     secrets: dict[str, list[str]] = Field(default_factory=dict, description="tenant -> whsec_ secrets; all sign")
     default_secrets: list[str] = Field(default_factory=list, description="for tenants without their own")
     allow_hosts: list[str] = Field(default_factory=list, description="non-public hosts that may be called")
@@ -82,6 +85,16 @@ class CallbackConfig(Strict):
 
     def secrets_for(self, tenant: str) -> list[str]:
         return self.secrets.get(tenant) or self.default_secrets
+
+    def claim_lease(self) -> float:
+        return self.claim_lease_sec if self.claim_lease_sec is not None else self.timeout_sec + 20
+
+    @model_validator(mode="after")
+    def _claim_outlasts_a_try(self) -> CallbackConfig:
+        if self.claim_lease() <= self.timeout_sec:
+            raise ValueError("claim_lease_sec must be longer than timeout_sec: a claim that ends mid-try lets "
+                             "another backend send the same notification again")
+        return self
 
 
 class DownloadLinkConfig(Strict):
@@ -126,6 +139,14 @@ class ExportTypeConfig(Strict):
         return self
 
 
+class ChangeLogConfig(Strict):
+    """The store's log of task changes, which push consumers follow and resume from."""
+
+    retention_sec: int = Field(600, ge=600, le=86_400, description=(
+        "entries are kept at least this long: a consumer that was away longer starts again from the current "
+        "state. Memory grows with the changes per second times this"))
+
+
 class SchedulerConfig(Strict):
     """How workers share themselves among tenants: weighted fair turns, an optional cap on running tasks."""
 
@@ -153,6 +174,7 @@ class BackendConfig(Strict):
     download_redirect: DownloadRedirectConfig = Field(default_factory=DownloadRedirectConfig)
     workers: int = Field(2, ge=1, le=64)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    change_log: ChangeLogConfig = Field(default_factory=ChangeLogConfig)
     lease_sec: float = Field(30.0, gt=0, description="a dead worker's task is picked up again after this")
     progress_interval_sec: float = Field(0.5, gt=0)
     task_ttl_sec: int = Field(86_400, ge=1, le=72 * 3600, description="terminal tasks and files are deleted after this")

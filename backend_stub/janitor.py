@@ -1,8 +1,9 @@
-"""Deletes terminal tasks and their result objects once their TTL has passed.
+"""Deletes terminal tasks and their result objects once their TTL has passed, and trims the change log.
 
 Every backend sweeps the shared task store, so any of them may expire any task: the object
 is deleted from the shared result store first and the record only after that, so an outage
 of the result store leaves the record (and a later sweep retries) rather than an orphan.
+The change log keeps its entries the retention and up to one sweep interval more.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ EXPECTED: dict[type[Exception], str] = {
 
 async def run(store: TaskStore, results: ResultStore, interval_sec: float) -> None:
     async def step() -> None:
+        await store.trim_changes()
         removed = await sweep_once(store, results)
         if removed:
             log.info("expired tasks removed", extra={"count": removed})

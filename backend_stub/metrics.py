@@ -3,8 +3,8 @@
 Counters and histograms are prometheus_client instruments in a registry of the
 backend's own, created at import and given their known label values at start-up
 (`seed`), so every series reads 0 before its first event instead of being absent.
-The task counts per tenant and status are read from the store at scrape time:
-they are shared by every backend process on one store, so any one scrape sees all.
+The task counts per tenant and status and the change log's size are read from the store
+at scrape time: they are shared by every backend process on one store, so any one scrape sees all.
 """
 from __future__ import annotations
 
@@ -41,8 +41,15 @@ task_ends = Counter("backend_task_ends", "attempts that ended, by status", ("exp
                     registry=REGISTRY)
 callbacks = Counter("backend_callback_deliveries", "callback delivery tries, by outcome", ("outcome",),
                     registry=REGISTRY)
+callback_claims_taken_over = Counter(
+    "backend_callback_claims_taken_over", "callback deliveries claimed after the last claim ran out without an "
+    "outcome (a backend died mid-delivery): each may reach the receiver twice", registry=REGISTRY)
 callback_delay = Histogram("backend_callback_delivery_delay_seconds",
                            "from the task's end to its callback's delivery", buckets=SECONDS, registry=REGISTRY)
+change_log_entries = Gauge("backend_change_log_entries", "entries kept in the store's change log",
+                           registry=REGISTRY)
+change_log_oldest_age = Gauge("backend_change_log_oldest_age_seconds",
+                              "age of the oldest entry of the change log (0 when empty)", registry=REGISTRY)
 janitor_deletions = Counter("backend_janitor_deletions", "expired tasks deleted with their files", registry=REGISTRY)
 operator_actions = Counter("backend_operator_actions", "operator recovery actions, by action and outcome",
                            ("action", "outcome"), registry=REGISTRY)
@@ -92,9 +99,15 @@ def set_task_counts(counts: dict[tuple[str, str], int], oldest_pending: dict[str
         oldest_pending_age.labels(tenant).set(max(0.0, now - created) if created is not None else 0.0)
 
 
+def set_change_log(entries: int, oldest_age_sec: float | None) -> None:
+    change_log_entries.set(entries)
+    change_log_oldest_age.set(oldest_age_sec or 0.0)
+
+
 def endpoint(store: TaskStore) -> Callable[[Request], Awaitable[Response]]:
     async def serve(request: Request) -> Response:
         set_task_counts(*await store.task_counts())
+        set_change_log(*await store.change_log_stats())
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     return serve

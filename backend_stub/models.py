@@ -39,6 +39,8 @@ class Task:
     error: dict[str, Any] | None = None
     callback: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # the change-log entry of the record's latest change, set by the store as it writes the record
+    change_id: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -46,6 +48,13 @@ class Task:
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    def json_around_change_id(self) -> tuple[str, str]:
+        """The record's JSON in the two parts that go before and after its change id, for a store that
+        learns the id only inside the write itself (Redis: the stream entry's id, in one script)."""
+        fields = dataclasses.asdict(self)
+        del fields["change_id"]
+        return json.dumps(fields, separators=(",", ":"))[:-1] + ',"change_id":"', '"}'
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Task:

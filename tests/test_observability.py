@@ -127,7 +127,8 @@ def test_backend_metrics_from_start_up_and_after_work(services: Callable[..., Se
                          ("backend_callback_deliveries_total", {"outcome": "failed"}),
                          ("backend_janitor_deletions_total", {}),
                          ("backend_task_ends_total", {"export_type": "flaky_export", "status": "COMPLETED"}),
-                         ("backend_workers_busy", {})]:
+                         ("backend_workers_busy", {}), ("backend_callback_claims_taken_over_total", {}),
+                         ("backend_change_log_entries", {}), ("backend_change_log_oldest_age_seconds", {})]:
         assert metric(text, name, **labels) == 0, name
     assert metric(text, "backend_workers") == 2
     created = httpx.post(f"{backend.url}/exports", json={"export_type": "flaky_export"}, timeout=10,
@@ -142,6 +143,9 @@ def test_backend_metrics_from_start_up_and_after_work(services: Callable[..., Se
     assert metric(text, "backend_task_duration_seconds_count", export_type="flaky_export", status="COMPLETED") == 1
     assert metric(text, "backend_tasks", tenant="t1", status="COMPLETED") == 1
     assert metric(text, "backend_queue_oldest_pending_age_seconds", tenant="t1") == 0
+    # created, started, failed and re-queued, started again, completed: at least five changes
+    assert (metric(text, "backend_change_log_entries") or 0) >= 5
+    assert 0 < (metric(text, "backend_change_log_oldest_age_seconds") or 0) < 60
 
 
 def test_queue_age_grows_while_tasks_wait(services: Callable[..., Service], tmp_path: Path) -> None:

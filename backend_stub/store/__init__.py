@@ -1,4 +1,4 @@
-"""Task state and the work queue, behind one interface with two implementations."""
+"""Task state, the work queue, the change log and callback claims, behind one interface with two implementations."""
 from __future__ import annotations
 
 import sqlite3
@@ -6,7 +6,7 @@ import sqlite3
 from redis.exceptions import RedisError
 
 from backend_stub.config import BackendConfig
-from backend_stub.store.base import Change, Lease, TaskStore
+from backend_stub.store.base import Change, ChangeEntry, ChangeLogGap, DeliveryClaim, Lease, TaskStore
 from backend_stub.store.fair import Fairness
 
 
@@ -22,13 +22,14 @@ def store_down(waiting: str) -> dict[type[Exception], str]:
 
 def open_store(config: BackendConfig) -> TaskStore:
     fairness = Fairness(config.scheduler)
+    retention = config.change_log.retention_sec
     if config.redis_url:
         from backend_stub.store.redis_store import RedisTaskStore
 
-        return RedisTaskStore(config.redis_url, config.redis_prefix, fairness)
+        return RedisTaskStore(config.redis_url, config.redis_prefix, fairness, retention)
     from backend_stub.store.sqlite_store import SqliteTaskStore
 
-    return SqliteTaskStore(config.data_dir, fairness)
+    return SqliteTaskStore(config.data_dir, fairness, retention)
 
 
-__all__ = ["Change", "Lease", "TaskStore", "open_store", "store_down"]
+__all__ = ["Change", "ChangeEntry", "ChangeLogGap", "DeliveryClaim", "Lease", "TaskStore", "open_store", "store_down"]

@@ -8,7 +8,9 @@ script, so two workers never take the same entry and a tenant's count is never o
 over a lease that ran out (its worker died or stalled), or else pops the next tenant's entry.
 Live workers renew their own lease; a worker whose lease was taken over can neither renew nor
 ack it any more. Idle workers wait on a list of wake-up tokens that every enqueue and ack
-pushes to, instead of polling.
+pushes to, instead of polling. Every record write appends to the change log, a stream, in the
+same step, and callback deliveries are claimed per task (see `record_scripts`); readers of the
+log wait on the stream itself (XREAD BLOCK).
 
 Every key carries the hash tag `{<prefix>}`: the transactions here span a task's record and the
 shared queue and indexes, and a claim chooses among all tenants at once (a global scheduler reads
@@ -20,6 +22,8 @@ Nothing here scans the key space: the metrics read the tenants from an index kep
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import time
 from typing import Any, cast
@@ -27,34 +31,47 @@ from typing import Any, cast
 from redis.exceptions import WatchError
 
 from backend_stub.models import Task
+from backend_stub.store import record_scripts as records
 from backend_stub.store import scheduler_scripts as lua
 from backend_stub.store.base import (
     Change,
+    ChangeEntry,
+    ChangeLogGap,
+    DeliveryClaim,
     Lease,
     callback_due,
     decode_cursor,
     encode_cursor,
+    page_size,
 )
 from backend_stub.store.fair import Fairness
 from exports_common.contract import Status
 from exports_common.redis_client import connect
 
-CLAIM_BLOCK_SEC = 1.0
+BLOCK_SEC = 1.0
 log = logging.getLogger("backend.store")
 
 
 class RedisTaskStore:
-    def __init__(self, url: str, prefix: str, fairness: Fairness | None = None) -> None:
+    def __init__(self, url: str, prefix: str, fairness: Fairness | None = None,
+                 change_retention_sec: float = 600) -> None:
         self.redis = connect(url, decode_responses=True)
-        # an idle worker's wait lasts up to CLAIM_BLOCK_SEC: it gets a client whose timeout allows that
-        self.blocking = connect(url, socket_timeout=CLAIM_BLOCK_SEC + 1.0, decode_responses=True)
+        # an idle worker's or change reader's wait lasts up to BLOCK_SEC: it gets a client whose timeout allows that
+        self.blocking = connect(url, socket_timeout=BLOCK_SEC + 1.0, decode_responses=True)
         self.prefix = "{" + prefix + "}"
         self.expiry = f"{self.prefix}:expiry"
         self.callbacks = f"{self.prefix}:callbacks"
+        self.changes_key = f"{self.prefix}:changes"
+        self.trimmed_key = f"{self.prefix}:changes:trimmed"
+        self.change_retention_sec = change_retention_sec
         self.queue = lua.QueueKeys(self.prefix)
         self._fair_args = (fairness or Fairness()).script_args()
         self._claim = self.redis.register_script(lua.CLAIM)
         self._renew = self.redis.register_script(lua.RENEW)
+        self._read_changes = self.redis.register_script(records.READ)
+        self._latest_change = self.redis.register_script(records.LATEST)
+        self._trim_changes = self.redis.register_script(records.TRIM)
+        self._claim_callback = self.redis.register_script(records.CLAIM_CALLBACK)
         self.tenants = f"{self.prefix}:tenants"  # every tenant that ever had a task here: a few per customer
 
     def _task_key(self, task_id: str) -> str:
@@ -65,6 +82,9 @@ class RedisTaskStore:
 
     def _active_key(self, tenant: str) -> str:
         return f"{self.prefix}:active:{{{tenant}}}"
+
+    def _claim_key(self, task_id: str) -> str:
+        return f"{self.prefix}:callback_claim:{task_id}"
 
     async def _track_active(self, before: Task | None, after: Task) -> None:
         """Keep the tenant's set of active task ids in step with a task's change.
@@ -90,11 +110,18 @@ class RedisTaskStore:
         await self.blocking.aclose()
 
     def _stage_write(self, pipe: Any, task: Task) -> None:
-        pipe.set(self._task_key(task.task_id), task.to_json())
+        """The record and its change-log entry (staged first: the transaction's first result is the change id)."""
+        before, after = task.json_around_change_id()
+        # EVAL, not EVALSHA: inside MULTI a missing script could not be loaded and retried
+        pipe.eval(records.RECORD, 2, self._task_key(task.task_id), self.changes_key, before, after, task.task_id,
+                  task.tenant, json.dumps(task.public(), separators=(",", ":")))
         if task.terminal and task.expire_at is not None:
             pipe.zadd(self.expiry, {task.task_id: task.expire_at})
         else:
             pipe.zrem(self.expiry, task.task_id)
+        self._stage_callback_due(pipe, task)
+
+    def _stage_callback_due(self, pipe: Any, task: Task) -> None:
         due = callback_due(task)
         if due is not None:
             pipe.zadd(self.callbacks, {task.task_id: due})
@@ -115,9 +142,9 @@ class RedisTaskStore:
                     pipe.zadd(self._tenant_key(task.tenant), {task.task_id: task.created_at})
                     pipe.sadd(self.tenants, task.tenant)
                     self._stage_enqueue(pipe, task)
-                    await pipe.execute()
-                    await self._track_active(None, task)
-                    return task, True
+                    written = dataclasses.replace(task, change_id=(await pipe.execute())[0])
+                    await self._track_active(None, written)
+                    return written, True
                 except WatchError:
                     continue
 
@@ -126,27 +153,40 @@ class RedisTaskStore:
         return Task.from_json(raw) if raw is not None else None
 
     async def update(
-        self, task_id: str, change: Change, *, enqueue: bool = False, ack: Lease | None = None
+        self, task_id: str, change: Change, *, enqueue: bool = False, ack: Lease | None = None,
+        claim: DeliveryClaim | None = None,
     ) -> tuple[Task | None, bool]:
         key = self._task_key(task_id)
+        watched = [key] if claim is None else [key, self._claim_key(task_id)]
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    await pipe.watch(key)
+                    await pipe.watch(*watched)
                     raw = await pipe.get(key)
                     if raw is None:
                         return None, False
                     current = Task.from_json(raw)
+                    if claim is not None and not records.claim_value_holds(
+                            cast("str | None", await pipe.get(self._claim_key(task_id))), claim.seq, claim.holder):
+                        return current, False  # taken over: the new holder records the outcome
                     new = change(current)
-                    if new is None:
+                    if new is None and claim is None:
                         return current, False
                     pipe.multi()
-                    self._stage_write(pipe, new)
+                    if new is not None:
+                        self._stage_write(pipe, new)
+                    else:  # released: due again when the record says, not when the claim said
+                        self._stage_callback_due(pipe, current)
+                    if claim is not None:
+                        pipe.delete(self._claim_key(task_id))
                     if ack is not None:
                         self._stage_ack(pipe, ack)
-                    if enqueue:
+                    if enqueue and new is not None:
                         self._stage_enqueue(pipe, new)
-                    await pipe.execute()
+                    results = await pipe.execute()
+                    if new is None:
+                        return current, False
+                    new = dataclasses.replace(new, change_id=results[0])
                     await self._track_active(current, new)
                     return new, True
                 except WatchError:
@@ -197,7 +237,7 @@ class RedisTaskStore:
         q = self.queue
         keys = [q.ready, q.passes, q.vtime, q.leases, q.leased, q.running]
         args = [q.tenant_prefix, consumer, int(lease_sec * 1000), *self._fair_args]
-        deadline = time.monotonic() + min(wait_sec, CLAIM_BLOCK_SEC)
+        deadline = time.monotonic() + min(wait_sec, BLOCK_SEC)
         while True:
             entry = await self._claim(keys, args)
             if entry:
@@ -221,10 +261,54 @@ class RedisTaskStore:
     async def due_callbacks(self, now: float, limit: int) -> list[str]:
         return cast("list[str]", await self.redis.zrangebyscore(self.callbacks, "-inf", now, start=0, num=limit))
 
+    async def claim_callback(self, task_id: str, holder: str, lease_sec: float) -> DeliveryClaim | None:
+        now = time.time()
+        claimed = await self._claim_callback(
+            [self._claim_key(task_id), self._task_key(task_id), self.callbacks],
+            [task_id, holder, int(lease_sec * 1000), repr(now), repr(now + lease_sec)])
+        if not claimed:
+            return None
+        raw, taken_over = claimed
+        task = Task.from_json(raw)
+        assert task.callback is not None  # the script claims only a pending notification
+        return DeliveryClaim(task_id, int(task.callback["seq"]), holder, task, taken_over=bool(taken_over))
+
+    async def changes(self, after: str | None, limit: int, wait_sec: float = 0.0) -> list[ChangeEntry]:
+        start = records.stream_id(after) if after is not None else ""
+        page = page_size(limit)
+        deadline = time.monotonic() + wait_sec
+        while True:
+            found = await self._read_changes([self.changes_key, self.trimmed_key], [start, page])
+            if found is None:
+                raise ChangeLogGap(after)
+            remaining = deadline - time.monotonic()
+            if found or remaining <= 0:
+                return [_entry(entry_id, fields) for entry_id, fields in found]
+            # woken by the next entry; XREAD's id is exclusive, as `after` is
+            await self.blocking.xread({self.changes_key: start or "0-0"}, count=1,
+                                      block=max(1, int(min(remaining, BLOCK_SEC) * 1000)))
+
+    async def latest_change_id(self) -> str | None:
+        latest = await self._latest_change([self.changes_key])
+        return records.change_id(latest) if latest else None
+
+    async def trim_changes(self) -> int:
+        return int(await self._trim_changes([self.changes_key, self.trimmed_key],
+                                            [int(self.change_retention_sec * 1000)]))
+
+    async def change_log_stats(self) -> tuple[int, float | None]:
+        length = await self.redis.xlen(self.changes_key)
+        oldest = cast("list[tuple[str, dict[str, str]]]", await self.redis.xrange(self.changes_key, "-", "+", count=1))
+        if not oldest:
+            return int(length), None
+        # an entry id starts with its time in ms (Redis's clock)
+        return int(length), max(0.0, time.time() - int(oldest[0][0].partition("-")[0]) / 1000)
+
     async def delete(self, task_id: str) -> None:
         task = await self.get(task_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(self._task_key(task_id))
+            pipe.delete(self._claim_key(task_id))
             pipe.zrem(self.expiry, task_id)
             pipe.zrem(self.callbacks, task_id)
             if task is not None:
@@ -254,3 +338,9 @@ class RedisTaskStore:
         # PING would go to any node and call the backend ready while its store is gone
         await self.redis.exists(self.queue.ready)
         return True
+
+
+def _entry(stream_id: str, fields: list[str]) -> ChangeEntry:
+    """A stream entry as the READ script returns it: its id and a flat list of field names and values."""
+    values = dict(zip(fields[::2], fields[1::2], strict=True))
+    return ChangeEntry(records.change_id(stream_id), values["task_id"], values["tenant"], json.loads(values["task"]))

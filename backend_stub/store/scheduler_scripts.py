@@ -54,7 +54,7 @@ class QueueKeys:
         return f"{self.prefix}:wake"  # list of tokens idle workers wait on (BLPOP), at most 64
 
 
-_NOW_MS = """
+NOW_MS = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 """
@@ -79,7 +79,7 @@ end
 # KEYS: ready, passes, vtime, leases, leased, running
 # ARGV: tenant key prefix, consumer, lease ms, default stride, default cap (0: none),
 #       then tenant, stride, cap for each tenant with its own settings
-CLAIM = _NOW_MS + """
+CLAIM = NOW_MS + """
 local consumer, deadline = ARGV[2], now + tonumber(ARGV[3])
 local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, 1)
 if #expired > 0 then
@@ -129,7 +129,7 @@ return false
 """
 
 # KEYS: leases, leased; ARGV: entry, consumer, lease ms
-RENEW = _NOW_MS + """
+RENEW = NOW_MS + """
 local holder = redis.call('HGET', KEYS[2], ARGV[1])
 if not holder or cjson.decode(holder)[2] ~= ARGV[2] then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])

@@ -1,16 +1,21 @@
-"""Embedded store: one SQLite file (WAL) for tasks and the queue; survives kill -9.
+"""Embedded store: one SQLite file (WAL) for tasks, the queue and the change log; survives kill -9.
 
 The queue is one table; which row a worker takes next follows the fair turns of
 `backend_stub.store.fair` (the turns themselves live in memory: a restart starts them afresh).
+The change log is a table whose AUTOINCREMENT ids are never reused; one writer at a time
+makes the id order the commit order. Waiting readers are woken by an event the writes set.
 
 Statements are short and run on the event loop thread: each is well under a
 millisecond, and keeping them on one thread makes every method a transaction
-without locks. One backend process owns the file, so at start-up every lease
-left by a previous process is released at once.
+without locks. One backend process owns the file, so at start-up every lease and
+delivery claim left by a previous process is released at once.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -18,13 +23,17 @@ from pathlib import Path
 from backend_stub.models import Task
 from backend_stub.store.base import (
     Change,
+    ChangeEntry,
+    ChangeLogGap,
+    DeliveryClaim,
     Lease,
     callback_due,
     decode_cursor,
     encode_cursor,
+    page_size,
 )
 from backend_stub.store.fair import Fairness, Turns
-from exports_common.contract import TERMINAL, Status
+from exports_common.contract import TERMINAL, DeliveryState, Status
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -47,6 +56,25 @@ CREATE TABLE IF NOT EXISTS queue (
     lease_until REAL,
     tenant TEXT NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS changes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    at REAL NOT NULL,
+    task TEXT NOT NULL
+);
+-- the newest id trimmed away: an `after` below it has lost entries
+CREATE TABLE IF NOT EXISTS change_log (
+    one INTEGER PRIMARY KEY CHECK (one = 1),
+    trimmed_through INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO change_log VALUES (1, 0);
+CREATE TABLE IF NOT EXISTS callback_claims (
+    task_id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    holder TEXT NOT NULL,
+    until REAL NOT NULL
+);
 """
 # after the migration below: indexes on the tenant column, which older files lack until then
 _QUEUE_INDEXES = """
@@ -63,14 +91,23 @@ WITH RECURSIVE ready(tenant) AS (
 )
 SELECT tenant FROM ready WHERE tenant IS NOT NULL
 """
+_CHANGE_ID = re.compile(r"[0-9]{20}")
+
+
+def _change_id(rowid: int) -> str:
+    """Fixed width, so that ids compare as strings in log order."""
+    return f"{rowid:020d}"
 
 
 class SqliteTaskStore:
-    def __init__(self, data_dir: str, fairness: Fairness | None = None) -> None:
+    def __init__(self, data_dir: str, fairness: Fairness | None = None, change_retention_sec: float = 600) -> None:
         self.path = Path(data_dir) / "tasks.sqlite3"
         self._db: sqlite3.Connection | None = None
         self._wakeup = asyncio.Event()
+        # replaced by a fresh one at every append: a reader waits on the one current when it found nothing
+        self._appended = asyncio.Event()
         self.turns = Turns(fairness or Fairness())
+        self.change_retention_sec = change_retention_sec
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,6 +123,12 @@ class SqliteTaskStore:
         db.executescript(_QUEUE_INDEXES)
         db.execute("UPDATE queue SET lease_owner = NULL, lease_until = NULL")
         self._db = db
+        with db:
+            for (task_id,) in db.execute("SELECT task_id FROM callback_claims").fetchall():
+                task = self._load(task_id)
+                if task is not None:  # due again at once, where its claim had pushed it back
+                    db.execute("UPDATE tasks SET callback_due = ? WHERE task_id = ?", (callback_due(task), task_id))
+            db.execute("DELETE FROM callback_claims")
 
     async def close(self) -> None:
         if self._db is not None:
@@ -98,13 +141,24 @@ class SqliteTaskStore:
             raise RuntimeError("store is not open")
         return self._db
 
-    def _write(self, task: Task) -> None:
+    def _write(self, task: Task) -> Task:
+        """Write the record and append its change-log entry; the record returned carries the entry's id."""
+        entry = self.db.execute("INSERT INTO changes (task_id, tenant, at, task) VALUES (?,?,?,?)",
+                                (task.task_id, task.tenant, time.time(),
+                                 json.dumps(task.public(), separators=(",", ":"))))
+        assert entry.lastrowid is not None
+        task = dataclasses.replace(task, change_id=_change_id(entry.lastrowid))
         expire = task.expire_at if task.status in TERMINAL else None
         self.db.execute(
             "INSERT OR REPLACE INTO tasks (task_id, tenant, status, created_at, expire_at, callback_due, body) "
             "VALUES (?,?,?,?,?,?,?)",
             (task.task_id, task.tenant, task.status, task.created_at, expire, callback_due(task), task.to_json()),
         )
+        # waiting readers run only after this synchronous transaction has committed (or rolled back,
+        # when they find nothing and wait again)
+        self._appended.set()
+        self._appended = asyncio.Event()
+        return task
 
     def _load(self, task_id: str) -> Task | None:
         row = self.db.execute("SELECT body FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
@@ -124,7 +178,7 @@ class SqliteTaskStore:
             existing = self._load(task.task_id)
             if existing is not None:
                 return existing, False
-            self._write(task)
+            task = self._write(task)
             self._enqueue(task)
         return task, True
 
@@ -137,17 +191,27 @@ class SqliteTaskStore:
         return int(row[0])
 
     async def update(
-        self, task_id: str, change: Change, *, enqueue: bool = False, ack: Lease | None = None
+        self, task_id: str, change: Change, *, enqueue: bool = False, ack: Lease | None = None,
+        claim: DeliveryClaim | None = None,
     ) -> tuple[Task | None, bool]:
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
             current = self._load(task_id)
             if current is None:
                 return None, False
+            if claim is not None:
+                held = self.db.execute("SELECT seq, holder FROM callback_claims WHERE task_id = ?",
+                                       (task_id,)).fetchone()
+                if held != (claim.seq, claim.holder):
+                    return current, False  # taken over: the new holder records the outcome
+                self.db.execute("DELETE FROM callback_claims WHERE task_id = ?", (task_id,))
             new = change(current)
             if new is None:
+                if claim is not None:  # released: due again when the record says, not when the claim said
+                    self.db.execute("UPDATE tasks SET callback_due = ? WHERE task_id = ?",
+                                    (callback_due(current), task_id))
                 return current, False
-            self._write(new)
+            new = self._write(new)
             if ack is not None:
                 self._ack(ack)
             if enqueue:
@@ -240,10 +304,86 @@ class SqliteTaskStore:
             "ORDER BY callback_due LIMIT ?", (now, limit)).fetchall()
         return [r[0] for r in rows]
 
+    async def claim_callback(self, task_id: str, holder: str, lease_sec: float) -> DeliveryClaim | None:
+        now = time.time()
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            task = self._load(task_id)
+            cb = task.callback if task is not None else None
+            if task is None or cb is None or cb.get("state") != DeliveryState.PENDING or "seq" not in cb:
+                return None
+            held = self.db.execute("SELECT seq, holder, until FROM callback_claims WHERE task_id = ?",
+                                   (task_id,)).fetchone()
+            if held is not None and held[2] > now:
+                mine = (held[0], held[1]) == (cb["seq"], holder)
+                return DeliveryClaim(task_id, cb["seq"], holder, task, taken_over=False) if mine else None
+            due = self.db.execute("SELECT callback_due FROM tasks WHERE task_id = ?", (task_id,)).fetchone()[0]
+            if due is None or due > now:
+                return None
+            self.db.execute("INSERT OR REPLACE INTO callback_claims (task_id, seq, holder, until) VALUES (?,?,?,?)",
+                            (task_id, cb["seq"], holder, now + lease_sec))
+            # not due while claimed; if the holder never records an outcome, due again when the claim ends
+            self.db.execute("UPDATE tasks SET callback_due = ? WHERE task_id = ?", (now + lease_sec, task_id))
+        return DeliveryClaim(task_id, cb["seq"], holder, task, taken_over=held is not None)
+
+    def _last_change(self) -> int:
+        row = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'changes'").fetchone()
+        return int(row[0]) if row else 0
+
+    def _read_changes(self, after: str | None, limit: int) -> list[ChangeEntry]:
+        position = 0
+        if after is not None:
+            if not _CHANGE_ID.fullmatch(after):
+                raise ValueError("not a change id of this store")
+            position = int(after)
+            trimmed = self.db.execute("SELECT trimmed_through FROM change_log").fetchone()[0]
+            if position < trimmed or position > self._last_change():
+                raise ChangeLogGap(after)
+        rows = self.db.execute("SELECT id, task_id, tenant, task FROM changes WHERE id > ? ORDER BY id LIMIT ?",
+                               (position, page_size(limit))).fetchall()
+        return [ChangeEntry(_change_id(row[0]), row[1], row[2], json.loads(row[3])) for row in rows]
+
+    async def changes(self, after: str | None, limit: int, wait_sec: float = 0.0) -> list[ChangeEntry]:
+        deadline = time.monotonic() + wait_sec
+        while True:
+            appended = self._appended
+            entries = self._read_changes(after, limit)
+            remaining = deadline - time.monotonic()
+            if entries or remaining <= 0:
+                return entries
+            try:
+                await asyncio.wait_for(appended.wait(), remaining)
+            except TimeoutError:
+                pass
+
+    async def latest_change_id(self) -> str | None:
+        last = self._last_change()
+        return _change_id(last) if last else None
+
+    async def trim_changes(self) -> int:
+        cutoff = time.time() - self.change_retention_sec
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            # walks from the oldest entry to the first one young enough to keep: as far as it trims
+            kept = self.db.execute("SELECT id FROM changes WHERE at >= ? ORDER BY id LIMIT 1", (cutoff,)).fetchone()
+            bound = kept[0] if kept is not None else self._last_change() + 1
+            newest_trimmed = self.db.execute("SELECT max(id) FROM changes WHERE id < ?", (bound,)).fetchone()[0]
+            if newest_trimmed is None:
+                return 0
+            trimmed = self.db.execute("DELETE FROM changes WHERE id < ?", (bound,)).rowcount
+            self.db.execute("UPDATE change_log SET trimmed_through = max(trimmed_through, ?)", (newest_trimmed,))
+        return trimmed
+
+    async def change_log_stats(self) -> tuple[int, float | None]:
+        count = self.db.execute("SELECT count(*) FROM changes").fetchone()[0]
+        oldest = self.db.execute("SELECT at FROM changes ORDER BY id LIMIT 1").fetchone()
+        return int(count), max(0.0, time.time() - oldest[0]) if oldest else None
+
     async def delete(self, task_id: str) -> None:
         with self.db:
             self.db.execute("DELETE FROM tasks WHERE task_id = ?", (task_id,))
             self.db.execute("DELETE FROM queue WHERE task_id = ?", (task_id,))
+            self.db.execute("DELETE FROM callback_claims WHERE task_id = ?", (task_id,))
 
     async def task_counts(self) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
         rows = self.db.execute("SELECT tenant, status, count(*), min(created_at) FROM tasks GROUP BY tenant, status")
