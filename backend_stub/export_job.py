@@ -3,12 +3,19 @@
 It streams chunk by chunk, so memory stays flat whatever the row count, and it
 checks its stop flag between chunks: those are the safe points where a cancel or
 a timeout takes effect. Whatever stops it early, the partial file is removed.
+
+A result store that fails (an outage) does not end the attempt: the finished file stays
+in the spool and its upload is tried again with backoff (jittered, doubling up to 30 s)
+until it lands or the job is stopped, which the task's timeout does in the end. A disk
+that fills up while the file is written ends the attempt with `OutOfSpace`.
 """
 from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
+import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,13 +23,18 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, TextIO
 
+from backend_stub import metrics
 from backend_stub.config import ExportTypeConfig
 from backend_stub.datasets import DATASETS, Row
+from backend_stub.disk_space import OutOfSpace, no_space
 from backend_stub.filters import compile_filters
 from backend_stub.result_store import StoreUnavailable
 from exports_common.contract import Format
 
 CHUNK_ROWS = 5_000
+STORE_RETRY_FIRST_SEC = 1.0
+STORE_RETRY_MAX_SEC = 30.0
+log = logging.getLogger("backend.export")
 
 
 class Cancelled(Exception):
@@ -75,6 +87,7 @@ class ExportJob:
         self.fail_transiently = fail_transiently
         self.step = "query"
         self.progress = 0
+        self.store_outage: str | None = None  # the result store's last failure, while the upload waits it out
         self._stop = threading.Event()
 
     def cancel(self) -> None:
@@ -83,6 +96,11 @@ class ExportJob:
     def run(self) -> JobResult:
         try:
             return self._run()
+        except OSError as exc:
+            self.part_path.unlink(missing_ok=True)
+            if no_space(exc):
+                raise OutOfSpace(f"no space left under data_dir for the export's file ({exc.strerror})") from exc
+            raise
         except BaseException:
             self.part_path.unlink(missing_ok=True)
             raise
@@ -117,9 +135,24 @@ class ExportJob:
             os.fsync(out.fileno())
         self._pause(0)
         size = self.part_path.stat().st_size
-        try:
-            self.publish(self.part_path)
-        except StoreUnavailable as exc:
-            raise TransientFailure(f"the result store failed: {exc}") from exc
+        self._store()
         self.progress = 99
         return JobResult(rows=written, bytes=size)
+
+    def _store(self) -> None:
+        """Publish the finished file, waiting out a store outage (with backoff) until it lands or the job stops."""
+        delay = STORE_RETRY_FIRST_SEC
+        while True:
+            try:
+                self.publish(self.part_path)
+            except StoreUnavailable as exc:
+                self.store_outage = str(exc)
+                wait = random.uniform(delay / 2, delay)
+                metrics.result_store_retries.inc()
+                log.warning("the result store failed; the upload is tried again (no attempt is spent)",
+                            extra={"file": self.part_path.name, "error": str(exc), "retry_in_sec": round(wait, 1)})
+                self._pause(wait)
+                delay = min(STORE_RETRY_MAX_SEC, delay * 2)
+            else:
+                self.store_outage = None
+                return

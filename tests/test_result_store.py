@@ -111,8 +111,8 @@ def test_a_missing_object_of_a_live_task_is_not_called_expired(cluster: Cluster)
     cluster.s3.delete(f"{PREFIX}/{task_id}.csv")
     for backend in cluster.backends:
         resp = httpx.get(f"{backend.url}/exports/{task_id}/file", headers={"X-Tenant-Id": "demo"}, timeout=10)
-        body = assert_envelope_error(resp, 500, 50001)
-        assert "missing" in body["message"] and "has not expired" in body["message"]
+        body = assert_envelope_error(resp, 410, 41002)
+        assert "no longer in the result store" in body["message"] and "has not expired" in body["message"]
     assert backend_task(cluster.backends[0].url, task_id)["status"] == "COMPLETED"
 
 
