@@ -15,8 +15,10 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def stop_on_sigterm() -> None:
-    """SIGTERM stops the launcher as Ctrl-C does, so its children are stopped too."""
+    """SIGTERM stops the launcher as Ctrl-C does, so its children are stopped too; and Ctrl-C (SIGINT) does,
+    even when the launcher was started in the background of a shell, which ignores it there."""
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def wait_for_any_exit(started: Processes) -> None:
@@ -82,8 +84,12 @@ class Supervisor:
         child.proc, child.started_at, child.backoff_sec = proc, time.monotonic(), self.initial_sec
         self.children.append(child)
 
-    def processes(self) -> list[subprocess.Popen[bytes]]:
-        return [child.proc for child in self.children if child.proc is not None]
+    def stop(self, grace_sec: float = 10.0) -> None:
+        """Stop every child, the last started first, each once the one after it has exited: a node is stopped
+        while the nodes it needs still serve its last requests and its shutdown."""
+        for child in reversed(self.children):
+            if child.proc is not None:
+                stop_all([child.proc], grace_sec=grace_sec)
 
     def run(self, poll_sec: float = 0.2) -> None:
         """Supervise until interrupted (Ctrl-C, or SIGTERM after stop_on_sigterm)."""

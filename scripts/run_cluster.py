@@ -35,7 +35,7 @@ import redis
 import yaml
 from redis import exceptions as redis_errors
 
-from exports_common.supervise import Child, Supervisor, stop_all, stop_on_sigterm
+from exports_common.supervise import Child, Supervisor, stop_on_sigterm
 
 ROOT = Path(__file__).resolve().parent.parent
 # shifts every local port, so a second cluster (a test's) can run beside `make cluster`
@@ -270,7 +270,7 @@ def up(workdir: Path, on_ready: Any = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        stop_all(supervisor.processes())
+        supervisor.stop()
     return 0
 
 
