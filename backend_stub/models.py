@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend_stub.result_store.base import object_key
 from exports_common import contract
 from exports_common.contract import TERMINAL, Status
 from exports_common.timefmt import rfc3339
@@ -39,10 +40,17 @@ class Task:
     error: dict[str, Any] | None = None
     callback: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # the type's compression when the task was created: the stored file's name and media type follow it
+    compression: str | None = None
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def result_key(self) -> str:
+        """The result file's name in the result store, which is also the name a download is saved under."""
+        return object_key(self.task_id, self.format, self.compression)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))

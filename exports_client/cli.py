@@ -24,7 +24,7 @@ from exports_client.errors import (
     Unavailable,
     WaitTimeout,
 )
-from exports_client.models import FORMATS, STATUSES, Task
+from exports_client.models import STATUSES, Task
 
 OK, TASK_FAILED, USAGE, STILL_RUNNING, NOT_FOUND, UNAVAILABLE = 0, 1, 2, 3, 4, 5
 INTERRUPTED = 130
@@ -200,9 +200,10 @@ def cmd_list(client: ExportsClient, out: Output, args: argparse.Namespace) -> in
 
 def cmd_types(client: ExportsClient, out: Output, args: argparse.Namespace) -> int:
     types = client.export_types()
-    lines = [f"{t.export_type}: filters {', '.join(sorted(t.filters_schema.get('properties', {}))) or '(none)'}"
-             for t in types]
-    out.data([{"export_type": t.export_type, "filters_schema": t.filters_schema, "formats": t.formats}
+    lines = [f"{t.export_type}: filters {', '.join(sorted(t.filters_schema.get('properties', {}))) or '(none)'}; "
+             f"formats {', '.join(t.formats)}" + (f" ({t.compression})" if t.compression else "") for t in types]
+    out.data([{"export_type": t.export_type, "filters_schema": t.filters_schema, "formats": t.formats,
+               "compression": t.compression}
               for t in types], lines)
     return OK
 
@@ -226,7 +227,8 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
                         help="a filter; VALUE is read as JSON when it is, else as a string; repeat a key for any-of")
     submit.add_argument("--filters-json", metavar="JSON", help="all filters as one JSON object")
-    submit.add_argument("--format", choices=FORMATS)
+    submit.add_argument("--format", metavar="FORMAT",
+                        help="one the type offers (exportctl types lists them); default: its first")
     submit.add_argument("--timeout-sec", type=int, metavar="N")
     submit.add_argument("--callback-url", metavar="URL")
     submit.add_argument("--idempotency-key", metavar="K", help="reuse one to make a repeated submit safe")

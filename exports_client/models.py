@@ -14,7 +14,6 @@ from typing import Any
 # a test compares both with the live /openapi.json
 STATUSES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED")
 TERMINAL = frozenset(STATUSES[2:])
-FORMATS = ("csv", "jsonl")
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
@@ -29,6 +28,7 @@ class Result:
     rows: int
     bytes: int
     format: str
+    compression: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,7 @@ class ExportType:
     export_type: str
     filters_schema: dict[str, Any]
     formats: list[str]
+    compression: str | None = None
     max_attempts: int | None = None
     estimated_completion_sec: int | None = None
 

@@ -39,6 +39,15 @@ class Reloadable(Protocol):
     def restart_required(self, running: Any) -> list[str]: ...
 
 
+class Warns(Protocol):
+    def config_warnings(self) -> list[str]: ...
+
+
+def config_warnings(config: BaseModel) -> list[str]:
+    """What the config loads with but should say otherwise (an older shape), for a model that tells."""
+    return cast(Warns, config).config_warnings() if hasattr(config, "config_warnings") else []
+
+
 def _restart_warnings(config: BaseModel, running_path: str, model: type[M]) -> list[str]:
     """A warning for each setting whose change a reload would not apply (a process that has no reload: none)."""
     if not hasattr(config, "restart_required"):
@@ -81,7 +90,7 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
         return 2
     unsafe = cast(Served, config).unsafe_defaults()
     if args.command == "check-config":
-        warnings = [f"{problem} (refused at start unless in dev mode)" for problem in unsafe]
+        warnings = config_warnings(config) + [f"{problem} (refused at start unless in dev mode)" for problem in unsafe]
         if args.running:
             try:
                 warnings += _restart_warnings(config, args.running, model)
@@ -107,6 +116,8 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
     config = config.model_copy(update=overrides)
     served = cast(Served, config)
     jsonlog.setup(served.log_level)
+    for warning in config_warnings(config):
+        logging.getLogger(prog).warning(warning)
     if dev_mode.dev_mode():
         logging.getLogger(prog).warning("DEV MODE: published demo secrets are accepted; never expose this process",
                                         extra={"unsafe": unsafe})

@@ -12,7 +12,7 @@ import os
 import re
 import types
 from pathlib import Path
-from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -53,7 +53,8 @@ def interpolate(value: Any, path: str, missing: list[str]) -> Any:
 
 
 def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    node = root
+    """The line of `loc` in the file, or of the nearest enclosing block written there (a missing key's parent)."""
+    node, found = root, None
     for part in loc:
         if isinstance(node, yaml.MappingNode):
             node = next((v for k, v in node.value if k.value == str(part)), None)
@@ -62,8 +63,9 @@ def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
         else:
             break
         if node is None:
-            return None
-    return node.start_mark.line + 1 if node is not None else None
+            break
+        found = node
+    return found.start_mark.line + 1 if found is not None else None
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:
@@ -101,18 +103,52 @@ def validate_data(data: Any, model: type[M], source: str, root: yaml.Node | None
         problems = []
         for err in exc.errors():
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-            line = _line_of(root, loc)
-            where = f"{_format_loc(loc)}" + (f" (line {line})" if line else "")
+            path = _without_tags(model, loc)  # as written in the file
+            line = _line_of(root, path)
+            where = f"{_format_loc(path)}" + (f" (line {line})" if line else "")
             problems.append(f"{where}: {_message(model, loc, err)}")
         raise ConfigError(source, problems) from exc
 
 
 def _message(model: type[BaseModel], loc: tuple[Any, ...], err: ErrorDetails) -> str:
+    ctx = err.get("ctx", {})
     if err["type"] == "extra_forbidden":
         return unknown_key_message(model, loc) or err["msg"]
     if err["type"] == "value_error":  # our validators' own sentences, without pydantic's "Value error, " before them
-        return str(err.get("ctx", {}).get("error", err["msg"]))
+        return str(ctx.get("error", err["msg"]))
+    if err["type"] == "union_tag_invalid":
+        return f"unknown {ctx['discriminator']} {ctx['tag']!r}; known: {ctx['expected_tags']}"
+    if err["type"] == "union_tag_not_found":
+        return f"{ctx['discriminator']} is missing: it says which of the shapes this block has"
     return err["msg"]
+
+
+def _tagged(tp: Any, part: str | int) -> type[BaseModel] | None:
+    """The member of a union discriminated by a literal field that `part` names (pydantic puts the tag in a
+    location, between the union's key and the member's fields), or None. A one-member union is its member."""
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    members = get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,)
+    for member in members:
+        if isinstance(member, type) and issubclass(member, BaseModel) and part not in member.model_fields and any(
+                get_origin(f.annotation) is Literal and part in get_args(f.annotation)
+                for f in member.model_fields.values()):
+            return member
+    return None
+
+
+def _without_tags(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A pydantic error location as a path in the file: the tags of discriminated unions left out."""
+    tp: Any = model
+    path = []
+    for part in loc:
+        member = _tagged(tp, part)
+        if member is not None:
+            tp = member
+            continue
+        path.append(part)
+        tp = _inside(tp, part)
+    return tuple(path)
 
 
 def _inside(tp: Any, part: str | int) -> Any:
@@ -120,6 +156,8 @@ def _inside(tp: Any, part: str | int) -> Any:
     origin = get_origin(tp)
     if origin is Annotated:
         return _inside(get_args(tp)[0], part)
+    if (member := _tagged(tp, part)) is not None:
+        return member
     if origin in (Union, types.UnionType):
         return next((t for t in (_inside(arg, part) for arg in get_args(tp)) if t is not None), None)
     if origin is list and isinstance(part, int):
