@@ -114,7 +114,7 @@ class ExportTypeConfig(Strict):
 
     source: SourceConfig
     filters: dict[str, FilterSpec] = Field(default_factory=dict)
-    formats: list[OfferedFormat] = Field(default_factory=lambda: ["csv"], min_length=1, description=(
+    formats: list[OfferedFormat] = Field(["csv"], min_length=1, description=(
         "the formats a submit may ask for; the first is what a submit naming none gets"))
     compression: Compression | None = Field(None, description=(
         "gzip: files stored and served compressed (<task_id>.csv.gz, application/gzip)"))

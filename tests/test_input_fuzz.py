@@ -57,7 +57,7 @@ def stack(module_services: Callable[..., Service], tmp_path_factory: pytest.Temp
           ) -> Iterator[tuple[Service, Service]]:
     workdir = tmp_path_factory.mktemp("fuzz")
     config = backend_config(workdir)
-    config["export_types"]["order_export"]["rows"] = 2000  # accepted fuzz submits really run: keep them small
+    config["export_types"]["order_export"]["source"]["rows"] = 2000  # accepted fuzz submits really run: keep them small
     backend = module_services("backend_stub", config)
     gateway = module_services("gateway", gateway_config(workdir, backend.url))
     yield backend, gateway

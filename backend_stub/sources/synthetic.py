@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, JsonValue, field_validator
 
 from backend_stub.config_model import Strict
 from backend_stub.datasets import DATASETS
@@ -24,7 +24,7 @@ class SyntheticSource(Strict):
     """A seeded generator: the same dataset, rows and seed always give the same rows."""
 
     kind: Literal["synthetic"]
-    dataset: str = Field(description=f"one of {sorted(DATASETS)}")
+    dataset: str = Field(description="which data set", json_schema_extra={"enum": list[JsonValue](sorted(DATASETS))})
     rows: int = Field(100_000, ge=1, le=100_000_000, description="size of the generated data set")
     seed: int = 1
 
