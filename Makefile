@@ -9,19 +9,33 @@ $(STAMP): pyproject.toml examples/tenant_allowlist/pyproject.toml
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]' -e examples/tenant_allowlist
 	touch $(STAMP)
 
-.PHONY: install run test check bench cluster
+.PHONY: install run test check dist bench cluster docs
 install: $(STAMP)
 
 run: $(STAMP)
 	$(PY) scripts/run_stack.py
 
+# installs what pip cannot (redis-server, nginx, promtool) when missing, then runs every test
 test: $(STAMP)
+	scripts/ensure_test_services.sh
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# the documentation site, built strict: a broken link or a page missing from the nav fails it
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # lint and type-check: zero findings (CI runs this before the tests)
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# both distributions, each as sdist and wheel (the wheel built from the sdist), into dist/, checked by twine:
+# export-gateway (the root: everything) and exports-client (sdk/: the client SDK and exportctl alone)
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(PY) -m build --outdir dist sdk
+	$(VENV)/bin/twine check --strict dist/*
 
 # Redis, an S3-compatible store, 2 backends, 2 gateways and nginx in front, until Ctrl-C
 cluster: $(STAMP)

@@ -15,7 +15,7 @@ The gateway runs the shipped limits (20 submits/s, bursts of 100, per tenant). I
 
 The backend takes tasks in fair turns across tenants, so A's admitted backlog does not delay B's
 beyond the task running when B submits; with `scheduler.default_max_running: 1` on its 2 workers
-(as the README advises: a cap below the workers) one worker is always free for the other tenant.
+(as docs/operations/limits.md advises: a cap below the workers) one worker is always free for the other tenant.
 
 Run: python -m benchmarks.bench_noisy_neighbour [--seconds 10] [--rounds 5] [--redis] [--no-hold]
 """

@@ -1,7 +1,8 @@
 """exports_client: the Python client of the export gateway, and the `exportctl` command.
 
 It depends on httpx only (rich for the command's progress bar) and imports
-nothing from the gateway or the backend, so a client installs it alone.
+nothing from the gateway or the backend, so a client installs it alone: the
+`exports-client` distribution (built from sdk/), or bundled in the whole project's.
 """
 from exports_client.aio import AsyncExportsClient
 from exports_client.client import ExportsClient
@@ -16,10 +17,11 @@ from exports_client.errors import (
     WebhookVerificationError,
 )
 from exports_client.models import CallbackState, ExportType, Result, Task, TaskError
+from exports_client.version import __version__
 from exports_client.webhooks import verify_webhook
 
 __all__ = [
     "ApiError", "AsyncExportsClient", "CallbackState", "DownloadError", "ExportType", "ExportsClient", "ExportsError",
     "NotFound", "RateLimited", "Result", "Task", "TaskError", "Unavailable", "WaitTimeout",
-    "WebhookVerificationError", "verify_webhook",
+    "WebhookVerificationError", "__version__", "verify_webhook",
 ]

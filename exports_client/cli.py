@@ -1,8 +1,9 @@
 """exportctl: submit, wait for, download and manage exports from a shell.
 
-Exit codes: 0 success (a task COMPLETED), 1 the task ended FAILED, TIMEOUT or
-CANCELLED, 2 usage or a refused request (4xx), 3 --max-wait reached while the
-task still runs, 4 not found, 5 the gateway unreachable or unavailable after retries.
+Exit codes: 0 success (a task COMPLETED), 1 the task ended FAILED, TIMEOUT,
+CANCELLED (or in a status this version does not know), 2 usage or a refused
+request (4xx), 3 --max-wait reached while the task still runs, 4 not found,
+5 the gateway unreachable or unavailable after retries.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from exports_client.errors import (
     Unavailable,
     WaitTimeout,
 )
-from exports_client.models import STATUSES, Task
+from exports_client.models import Task
+from exports_client.version import __version__
 
 OK, TASK_FAILED, USAGE, STILL_RUNNING, NOT_FOUND, UNAVAILABLE = 0, 1, 2, 3, 4, 5
 INTERRUPTED = 130
@@ -185,8 +187,8 @@ def cmd_download(client: ExportsClient, out: Output, args: argparse.Namespace) -
     task = client.get(args.id)
     if task.status != "COMPLETED":
         out.note(f"task {task.task_id} is {task.status}: only a COMPLETED task has a file"
-                 + ("" if task.terminal else f"; wait for it first: exportctl wait {task.task_id}"))
-        return TASK_FAILED if task.terminal else USAGE
+                 + (f"; wait for it first: exportctl wait {task.task_id}" if task.running else ""))
+        return USAGE if task.running else TASK_FAILED
     out.data({"path": str(client.download(task, args.path)), "bytes": task.result.bytes if task.result else 0},
              [f"downloaded {task.task_id} to {args.path}"])
     return OK
@@ -202,9 +204,7 @@ def cmd_types(client: ExportsClient, out: Output, args: argparse.Namespace) -> i
     types = client.export_types()
     lines = [f"{t.export_type}: filters {', '.join(sorted(t.filters_schema.get('properties', {}))) or '(none)'}; "
              f"formats {', '.join(t.formats)}" + (f" ({t.compression})" if t.compression else "") for t in types]
-    out.data([{"export_type": t.export_type, "filters_schema": t.filters_schema, "formats": t.formats,
-               "compression": t.compression}
-              for t in types], lines)
+    out.data([t.to_dict() for t in types], lines)
     return OK
 
 
@@ -215,6 +215,7 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the result as JSON")
     top = argparse.ArgumentParser(prog="exportctl", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common])
+    top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = top.add_subparsers(dest="command", required=True)
 
     def command(name: str, run: Callable[..., int], help: str) -> argparse.ArgumentParser:
@@ -227,8 +228,8 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
                         help="a filter; VALUE is read as JSON when it is, else as a string; repeat a key for any-of")
     submit.add_argument("--filters-json", metavar="JSON", help="all filters as one JSON object")
-    submit.add_argument("--format", metavar="FORMAT",
-                        help="one the type offers (exportctl types lists them); default: its first")
+    # formats and statuses are the gateway's to check: a newer gateway may offer some this version does not know
+    submit.add_argument("--format", help="one the type offers (see: exportctl types); default: its first")
     submit.add_argument("--timeout-sec", type=int, metavar="N")
     submit.add_argument("--callback-url", metavar="URL")
     submit.add_argument("--idempotency-key", metavar="K", help="reuse one to make a repeated submit safe")
@@ -244,7 +245,7 @@ def parser() -> argparse.ArgumentParser:
     download.add_argument("id")
     download.add_argument("path")
     listing = command("list", cmd_list, "list your tasks, newest first")
-    listing.add_argument("--status", choices=STATUSES)
+    listing.add_argument("--status", help="only tasks in this status, e.g. RUNNING or COMPLETED")
     command("types", cmd_types, "the export types you may submit, with their filters")
     return top
 

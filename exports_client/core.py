@@ -26,12 +26,13 @@ from exports_client.errors import (
     Unavailable,
 )
 from exports_client.models import Task
+from exports_client.version import __version__
 
 Dest = str | os.PathLike[str] | BinaryIO  # where a download goes: a path or a binary file object
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 IDEMPOTENCY_IN_FLIGHT = 40902  # the same key is still being handled: the gateway asks to retry shortly
 TRANSPORT_ERRORS = (httpx.TransportError,)
-USER_AGENT = "exports-client/0.1"
+USER_AGENT = f"exports-client/{__version__}"
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ def list_page(ctx: Context, status: str | None, page_size: int, cursor: str | No
 
 def wait(ctx: Context, task_id_or_token: str, max_wait: float,
          on_progress: Callable[[Task], None] | None) -> Flow[Task]:
-    """Poll until the task is terminal; at `max_wait` raise WaitTimeout, whose token resumes the schedule."""
+    """Poll until the task ends (polling.finished); at `max_wait` raise WaitTimeout, whose token resumes the plan."""
     started = ctx.clock()
     plan = polling.plan_for(task_id_or_token, started, max_wait, ctx.rng)
     call = core.Call("GET", core.task_path(plan.task_id))
@@ -118,10 +118,10 @@ def wait(ctx: Context, task_id_or_token: str, max_wait: float,
         if core.is_retryable(resp, call):
             plan.refused(ctx.clock(), core.retry_after_of(resp))
             continue
-        current = Task.from_dict(core.data_of(resp))
-        if current.terminal:
+        current, retry_after = Task.from_dict(core.data_of(resp)), core.retry_after_of(resp)
+        if polling.finished(current, retry_after):
             return current
-        plan.answered(ctx.clock(), current, core.retry_after_of(resp))
+        plan.answered(ctx.clock(), current, retry_after)
         if on_progress is not None:
             on_progress(current)
 

@@ -8,6 +8,8 @@
   and a ceiling that doubles from 1 s up to 30 s.
 - A refusal (429, 503, a transport error) never speeds a client up: the delay is
   at least what the gateway asked and at least the pace the client had.
+- A status the SDK does not know (from a newer gateway) is followed while the
+  gateway asks for another poll with `Retry-After`, and ends the wait when it does not.
 """
 from __future__ import annotations
 
@@ -93,6 +95,14 @@ class PollPlan:
     def token(self) -> str:
         return json.dumps({"v": TOKEN_VERSION, "task_id": self.task_id, "not_before": round(self.not_before, 3),
                            "step": self.step, "pace": round(self.pace, 3)}, separators=(",", ":"))
+
+
+def finished(task: Task, retry_after: float | None) -> bool:
+    """Whether a wait is over: a final status, or a status this SDK does not know (a newer gateway's) answered
+    without `Retry-After`, which the gateway sends with every status still in progress."""
+    if task.terminal or task.running:
+        return task.terminal
+    return retry_after is None
 
 
 def is_token(value: str) -> bool:

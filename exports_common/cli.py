@@ -68,7 +68,8 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
     run.add_argument("--port", type=int)
     if workers_refusal is not None:
         run.add_argument("--workers", type=int, default=1,
-                         help="worker processes serving one port (default 1; more need shared state, see README)")
+                         help="worker processes serving one port (default 1; more need shared state: "
+                              "docs/operations/processes.md)")
     run.add_argument("--dev", action="store_true",
                      help=f"dev mode: accept the published demo secrets (same as {dev_mode.DEV_ENV}=1)")
     check = sub.add_parser("check-config", help="validate a config file and name every problem")

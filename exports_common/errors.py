@@ -1,6 +1,6 @@
 """Every error kind the public API and the backend can answer with.
 
-The numeric codes are part of the contract: they are stable, listed in the README,
+The numeric codes are part of the contract: they are stable, listed in docs/reference/errors.md,
 and never reused for another meaning.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ default 0.5 s, well inside any route's timeout.
 A URL `redis+cluster://HOST:PORT` (or `rediss+cluster://`) names any node of a Redis
 Cluster: the client learns the others from it and sends each command to the node
 owning its key's slot. Every key both processes write is hash-tagged so that a
-script or transaction touches one slot (README, *Redis Cluster*).
+script or transaction touches one slot (docs/operations/several-nodes.md, *Redis Cluster*).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The sender puts `webhook-id`, `webhook-timestamp` and `webhook-signature` on eac
 request; the signature is `v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`
 with the tenant's `whsec_` secret, one entry per secret while secrets rotate.
 A client verifies with `verify(...)`; this module needs nothing but the standard
-library, so it can be copied into a client as it is (README: "Callbacks").
+library, so it can be copied into a client as it is (docs/clients/webhooks.md).
 """
 from __future__ import annotations
 

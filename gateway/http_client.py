@@ -2,7 +2,7 @@
 
 Written here rather than taken from aiohttp because the proxied call is the gateway's hot
 path and aiohttp's session spent ~296,000 CPU instructions on one pooled GET, the
-whole gateway's list call ~960,000 (callgrind, README "Libraries, and what is written
+whole gateway's list call ~960,000 (callgrind, docs/libraries.md "Libraries, and what is written
 by hand"). Parsing is httptools (llhttp, Node's parser); what is written here is the
 pooling, the framing of requests, and the timeouts.
 

@@ -4,7 +4,7 @@ GCRA keeps one number per bucket, the theoretical arrival time (TAT): a request
 is admitted when pushing the TAT one interval (1/rate) later leaves it within
 `burst` intervals of now. In Redis that is one key per bucket and one short Lua
 script per check, on the Redis clock, so every gateway sees one bucket
-(benchmarks/bench_limiter.py measured it against the `limits` library; README).
+(benchmarks/bench_limiter.py measured it against the `limits` library; docs/libraries.md).
 
 The limiter never fails a request: with Redis unreachable each process keeps
 its share of every limit (rate and burst / number of gateway processes) locally,

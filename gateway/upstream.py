@@ -2,7 +2,7 @@
 
 The client is gateway/http_client.py, written for this gateway on httptools' parser: a
 pooled GET cost ~296,000 instructions through aiohttp's session, ~95,000 through it
-(README "Libraries, and what is written by hand"). Failures reach the plugins as
+(docs/libraries.md). Failures reach the plugins as
 UpstreamError with a kind the retry, breaker and outlier detection understand:
 connect_error (no connection), timeout, reset (the connection failed after it was
 made), circuit_open (a breaker refused).

@@ -37,7 +37,7 @@ def main() -> int:
     env = dict(os.environ, EXPORTS_DEV="1")
     env.setdefault("GATEWAY_PUBLIC_URL", DEV_PUBLIC_URL)
     print(f"make run: DEV MODE is on (EXPORTS_DEV=1): the published demo keys and secrets are accepted and links "
-          f"point at {env['GATEWAY_PUBLIC_URL']}. Never expose this stack; see the README's security section.",
+          f"point at {env['GATEWAY_PUBLIC_URL']}. Never expose this stack; see docs/security.md.",
           flush=True)
     procs = [
         ("backend", "http://127.0.0.1:8081", ["-m", "backend_stub", "run", "--config", "config/backend.yaml"]),

@@ -128,7 +128,7 @@ class Service:
 class RedisServer:
     """A private redis-server on a free port, so tests never touch a shared one.
 
-    `persistent` runs it with an append-only file (fsync every second), as the README
+    `persistent` runs it with an append-only file (fsync every second), as docs/operations/several-nodes.md
     tells operators to; `restart` then brings the data back, and `restart(empty=True)`
     is a server that lost everything.
     """

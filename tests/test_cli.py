@@ -90,7 +90,8 @@ def test_a_task_that_ends_failed_or_cancelled_exits_1(stack: ClientStack) -> Non
     (["submit", "no_such_type"], {}),                                   # 422
     (["submit", "report_export", "--filter", "nonsense"], {}),          # not KEY=VALUE
     (["submit", "report_export", "--filter", "bogus=1"], {}),           # unknown filter: 422
-    (["submit", "report_export", "--format", "xml"], {}),               # argparse
+    (["submit", "report_export", "--format", "xml"], {}),               # a format the type does not offer: 422
+    (["list", "--status", "BOGUS"], {}),                                # a status the gateway does not know: 422
     (["status", UNKNOWN_ID], {"EXPORTS_API_KEY": "not-a-key"}),         # 401
     (["frobnicate"], {}),                                               # no such command
 ])

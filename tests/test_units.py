@@ -89,11 +89,11 @@ def test_task_ids_are_unique_and_match_the_contract() -> None:
     assert not is_task_id("exp-20260101-short")
 
 
-def test_readme_callback_verification_example_runs() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def test_the_docs_callback_verification_example_runs() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "clients" / "webhooks.md").read_text()
     example = re.search(r"Verifying a callback.*?```python\n(.*?)```", readme, re.S)
     assert example is not None
-    exec(compile(example.group(1), "README.md", "exec"), {})
+    exec(compile(example.group(1), "docs/clients/webhooks.md", "exec"), {})
 
 
 def test_webhook_signatures_reject_tampering_replay_and_other_secrets() -> None:

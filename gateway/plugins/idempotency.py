@@ -12,7 +12,7 @@ its request renews while it runs. A claim whose owner died, or that was
 released after a failure, is taken over by the next request with the key: same
 task id, token + 1. Every write to the record is a compare-and-set on the bytes
 the writer last saw, so a stale owner (or a write that sat in a stalled socket)
-can never overwrite a newer claim. The README walks through each point of failure.
+can never overwrite a newer claim. docs/design/idempotency-under-failures.md walks through each point of failure.
 
 Repeats: same body and a stored answer → that answer with `Idempotent-Replayed:
 true`; another body → 422; a live claim → 409 with `Retry-After`. A tenant holds
