@@ -17,7 +17,7 @@ def public_type(name: str, spec: ExportTypeConfig) -> dict[str, Any]:
     return ExportType(
         export_type=name, filters_schema=filters_schema(spec.filters), formats=spec.formats,
         compression=spec.compression, max_attempts=spec.max_attempts, estimated_completion_sec=estimated_sec(spec),
-    ).model_dump(mode="json", exclude_none=True)
+    ).model_dump(mode="json")
 
 
 def estimated_sec(spec: ExportTypeConfig) -> int | None:
