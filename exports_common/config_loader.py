@@ -119,7 +119,8 @@ def _message(model: type[BaseModel], loc: tuple[Any, ...], err: ErrorDetails) ->
     if err["type"] == "union_tag_invalid":
         return f"unknown {ctx['discriminator']} {ctx['tag']!r}; known: {ctx['expected_tags']}"
     if err["type"] == "union_tag_not_found":
-        return f"{ctx['discriminator']} is missing: it says which of the shapes this block has"
+        tags = _tags(model, loc, str(ctx["discriminator"]).strip("'"))
+        return f"{ctx['discriminator']} is missing; one of: {', '.join(map(repr, tags))}"
     return err["msg"]
 
 
@@ -135,6 +136,19 @@ def _tagged(tp: Any, part: str | int) -> type[BaseModel] | None:
                 for f in member.model_fields.values()):
             return member
     return None
+
+
+def _tags(model: type[BaseModel], loc: tuple[Any, ...], discriminator: str) -> list[str]:
+    """The tags of the union at `loc` discriminated by the field `discriminator`: what that field may say."""
+    tp: Any = model
+    for part in loc:
+        tp = _inside(tp, part)
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    members = get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,)
+    return [str(tag) for member in members if isinstance(member, type) and issubclass(member, BaseModel)
+            for name, f in member.model_fields.items() if name == discriminator and get_origin(f.annotation) is Literal
+            for tag in get_args(f.annotation)]
 
 
 def _without_tags(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -129,7 +129,7 @@ def test_check_config_names_each_problem_of_an_export_type_by_its_path_and_line(
         "export_types.a.source.dataset (line 3): unknown dataset 'nope'; known: orders, report, tickets, users",
         "export_types.b.source.rowz (line 8): unknown key 'rowz', did you mean 'rows'?",
         "export_types.c.source (line 10): unknown 'kind' 'sqlx'; known: 'synthetic'",
-        "export_types.d.source (line 12): 'kind' is missing",
+        "export_types.d.source (line 12): 'kind' is missing; one of: 'synthetic'",
         "export_types.e.formats[1] (line 14): unknown format 'xml'; this backend writes csv, jsonl",
         "export_types.e.compression (line 15): Input should be 'gzip'",
         "export_types.e.source.rows (line 16): Input should be greater than or equal to 1",
