@@ -134,8 +134,9 @@ class ExportTypeConfig(Strict):
         flat = isinstance(data, dict) and any(key in data for key in FLAT_SHAPE_KEYS)
         if flat and "source" in data:
             raise ValueError("dataset, rows and seed belong inside source: {kind: synthetic, ...}, not beside it")
-        if flat:
-            data = {key: value for key, value in data.items() if key not in FLAT_SHAPE_KEYS} | {
+        if flat:  # every type offered both formats then: so it still does, unless it lists its own
+            data = {"formats": ["csv", "jsonl"]} | {key: value for key, value in data.items()
+                                                     if key not in FLAT_SHAPE_KEYS} | {
                 "source": {"kind": "synthetic", **{key: data[key] for key in FLAT_SHAPE_KEYS if key in data}}}
         model = handler(data)
         model._flat_shape = flat

@@ -148,7 +148,9 @@ def test_the_old_flat_shape_of_an_export_type_loads_as_a_synthetic_source_with_o
     a = config.export_types["a"]
     assert (a.source.kind, a.source.dataset, a.source.rows, a.source.seed, a.max_attempts) == (
         "synthetic", "orders", 10, 3, 2)
-    assert config.export_types["b"].source.rows == 100_000 and config.export_types["b"].formats == ["csv"]
+    assert config.export_types["b"].source.rows == 100_000
+    assert config.export_types["b"].formats == ["csv", "jsonl"]  # what every type offered before formats
+    assert config.export_types["c"].formats == ["csv"]
     assert config.config_warnings() == [
         "export_types a, b: dataset, rows and seed at the type's top level is the old flat shape; write them as "
         "source: {kind: synthetic, dataset: ..., rows: ..., seed: ...}"]
