@@ -2,6 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_WORKERS ?= 4
 
 # the example plugin is installed as its own package, as a backend team's would be: the tests use it
 $(STAMP): pyproject.toml examples/tenant_allowlist/pyproject.toml
@@ -9,16 +10,21 @@ $(STAMP): pyproject.toml examples/tenant_allowlist/pyproject.toml
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]' -e examples/tenant_allowlist
 	touch $(STAMP)
 
-.PHONY: install run test check dist bench cluster docs
+.PHONY: install run test test-fast check dist bench cluster docs
 install: $(STAMP)
 
 run: $(STAMP)
 	$(PY) scripts/run_stack.py
 
 # installs what pip cannot (redis-server, nginx, promtool) when missing, then runs every test
+# in parallel, one test file per worker at a time (a file's servers are shared by its tests)
 test: $(STAMP)
 	scripts/ensure_test_services.sh
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# the tests that start no server, for every save (under two minutes)
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m inprocess $(PYTEST_ARGS)
 
 # the documentation site, built strict: a broken link or a page missing from the nav fails it
 docs: $(STAMP)

@@ -10,6 +10,16 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from gateway.tenants import hash_key
+from tests.databases import (
+    MARIADB,
+    POSTGRES,
+    SERVERS,
+    MariaDBInstance,
+    PostgresInstance,
+    SqlDatabase,
+    scratch_database,
+    server_home,
+)
 from tests.procs import RedisServer, Service, free_port, load_default, merge
 
 # The suite runs in production mode: secrets are generated for each session (never the published
@@ -115,3 +125,86 @@ def module_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callab
     """Like `services`, for processes shared by every test of a module."""
     with _starter(tmp_path_factory.mktemp("services")) as start:
         yield start
+
+
+# ---------------------------------------------------------------------------------------------------
+# SQL databases (tests/databases.py): a database of the test's own on the machine's PostgreSQL and
+# MariaDB, or a private server for tests that restart, kill or pause it.
+
+@pytest.fixture
+def pg_database(request: pytest.FixtureRequest) -> Iterator[SqlDatabase]:
+    """A new database on the machine's PostgreSQL (TEST_POSTGRES_URL), dropped after the test."""
+    with scratch_database(POSTGRES, request.node.name) as database:
+        yield database
+
+
+@pytest.fixture
+def mariadb_database(request: pytest.FixtureRequest) -> Iterator[SqlDatabase]:
+    """A new database on the machine's MariaDB (TEST_MARIADB_URL), dropped after the test."""
+    with scratch_database(MARIADB, request.node.name) as database:
+        yield database
+
+
+@pytest.fixture(params=sorted(SERVERS))
+def sql_database(request: pytest.FixtureRequest) -> Iterator[SqlDatabase]:
+    """The test runs once per server (ids mariadb, postgresql), each time with a new database."""
+    with scratch_database(SERVERS[request.param], request.node.name) as database:
+        yield database
+
+
+@pytest.fixture(scope="module")
+def module_pg_database(request: pytest.FixtureRequest) -> Iterator[SqlDatabase]:
+    """`pg_database` shared by the tests of a module (they must not depend on each other's rows)."""
+    with scratch_database(POSTGRES, request.module.__name__) as database:
+        yield database
+
+
+@pytest.fixture(scope="module")
+def module_mariadb_database(request: pytest.FixtureRequest) -> Iterator[SqlDatabase]:
+    """`mariadb_database` shared by the tests of a module."""
+    with scratch_database(MARIADB, request.module.__name__) as database:
+        yield database
+
+
+@pytest.fixture(scope="module", params=sorted(SERVERS))
+def module_sql_database(request: pytest.FixtureRequest) -> Iterator[SqlDatabase]:
+    """`sql_database` shared by the tests of a module: one database per server."""
+    with scratch_database(SERVERS[request.param], request.module.__name__) as database:
+        yield database
+
+
+@contextlib.contextmanager
+def _template(kind: type[PostgresInstance] | type[MariaDBInstance]) -> Iterator[Path]:
+    home = server_home(f"{kind.kind}-template")
+    try:
+        yield kind.make_template(home)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_template() -> Iterator[Path]:
+    """A PostgreSQL data directory made once per session; private instances start from copies of it."""
+    with _template(PostgresInstance) as home:
+        yield home
+
+
+@pytest.fixture(scope="session")
+def mariadb_template() -> Iterator[Path]:
+    """A MariaDB data directory made once per session; private instances start from copies of it."""
+    with _template(MariaDBInstance) as home:
+        yield home
+
+
+@pytest.fixture
+def private_postgres(postgres_template: Path) -> Iterator[PostgresInstance]:
+    """A PostgreSQL of this test's own, started, on a free port: restart, kill9, pause it at will."""
+    with PostgresInstance.running(postgres_template) as instance:
+        yield instance
+
+
+@pytest.fixture
+def private_mariadb(mariadb_template: Path) -> Iterator[MariaDBInstance]:
+    """A MariaDB of this test's own, started, on a free port: restart, kill9, pause it at will."""
+    with MariaDBInstance.running(mariadb_template) as instance:
+        yield instance

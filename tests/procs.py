@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -19,10 +21,31 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Under pytest-xdist each worker hands out ports from a block of its own, below the kernel's ephemeral range
+# (where outgoing connections and port-0 binds take theirs): a port given to one worker's server is never
+# given to another worker's before that server has bound it.
+_BLOCK_START, _BLOCK_SIZE = 20_000, 1_000
+_handed = itertools.count(random.randrange(_BLOCK_SIZE))
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, and not handed out earlier in this process (until its block wraps)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    base = _BLOCK_START + int(worker[2:]) * _BLOCK_SIZE
+    for _ in range(_BLOCK_SIZE):
+        port = base + next(_handed) % _BLOCK_SIZE
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: TIME_WAIT is no use
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {base}-{base + _BLOCK_SIZE - 1} for xdist worker {worker}")
 
 
 def wait_until(check: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05, what: str = "condition") -> Any:

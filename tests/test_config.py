@@ -14,6 +14,8 @@ from exports_common.config_loader import ConfigError, interpolate, load_model
 from gateway.config import GatewayConfig
 from tests.procs import ROOT
 
+pytestmark = pytest.mark.inprocess  # no server process: `make test-fast` runs it
+
 
 def run_cli(module: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -5,7 +5,11 @@ import contextvars
 import json
 import logging
 
+import pytest
+
 from exports_common.jsonlog import JsonFormatter, request_ids_var, task_id_var
+
+pytestmark = pytest.mark.inprocess  # no server process: `make test-fast` runs it
 
 
 def line(**extra: str) -> dict[str, str]:

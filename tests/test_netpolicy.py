@@ -10,6 +10,8 @@ import pytest
 from exports_common.netpolicy import AddressPolicy, PinnedResolver, RefusedAddress, host_name_problem, refusal
 from tests.receiver import Receiver
 
+pytestmark = pytest.mark.inprocess  # no server process: `make test-fast` runs it
+
 POLICY = AddressPolicy()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.attributes import BoundedAttributes
@@ -26,6 +27,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from exports_common import otel, otlp_encoder
 from exports_common.otel import TracingConfig
 from gateway.tracing import Tracing
+
+pytestmark = pytest.mark.inprocess  # no server process: `make test-fast` runs it
 
 text = st.text(max_size=12)
 int64 = st.integers(-(1 << 63), (1 << 63) - 1)

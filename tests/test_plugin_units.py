@@ -36,6 +36,8 @@ from gateway.services import Upstream as ServiceUpstream
 from gateway.tenants import TenantDirectory
 from gateway.upstream import Body, EndpointPool, OutlierPolicy, Timeouts, UpstreamError
 
+pytestmark = pytest.mark.inprocess  # no server process: `make test-fast` runs it
+
 Upstream = Callable[[RequestContext], Awaitable[GatewayResponse]]
 ROUTE = {"name": "submit", "path": "/s", "methods": ["POST"], "upstream": "exports"}
 

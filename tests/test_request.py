@@ -4,10 +4,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from starlette.datastructures import Headers
 from starlette.requests import Request
 
 from gateway.request import GatewayRequest, RequestHeaders
+
+pytestmark = pytest.mark.inprocess  # no server process: `make test-fast` runs it
 
 RAW = [(b"host", b"gw"), (b"x-dup", b"first"), (b"authorization", b"Bearer k"), (b"x-dup", b"second")]
 

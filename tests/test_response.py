@@ -4,7 +4,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from gateway.response import GatewayResponse
+
+pytestmark = pytest.mark.inprocess  # no server process: `make test-fast` runs it
 
 
 def sent(resp: GatewayResponse) -> list[tuple[bytes, bytes]]:

@@ -35,6 +35,8 @@ from gateway.router import Router
 from gateway.tenants import TenantDirectory, hash_key
 from gateway.upstream import UpstreamError
 
+pytestmark = pytest.mark.inprocess  # no server process: `make test-fast` runs it
+
 
 @pytest.mark.parametrize("url", [
     "http://127.0.0.1/", "http://127.1/", "http://2130706433/", "http://0x7f000001/", "http://0177.0.0.1/",

@@ -26,6 +26,8 @@ from gateway.http_client import HIGH_WATER, HttpClient
 from gateway.upstream import Timeouts, UpstreamError
 from tests.procs import free_port
 
+pytestmark = pytest.mark.inprocess  # no server process: `make test-fast` runs it
+
 QUICK = Timeouts(connect=2.0, read=5.0)
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
