@@ -20,6 +20,8 @@ from backend_stub.filters import FilterSpec
 from backend_stub.models import Task
 from backend_stub.sources import Batch, RowSource, SourceContext
 
+pytestmark = pytest.mark.inprocess  # no server process: `make test-fast` runs it
+
 
 class CountingSource(RowSource):
     """`batches` batches of `size` rows; notes what the job reported before each batch was handed over."""

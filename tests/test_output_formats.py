@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from backend_stub.datasets import DATASETS
 from backend_stub.formats import FORMATS, WriteOptions
 
+pytestmark = pytest.mark.inprocess  # no server process: `make test-fast` runs it
+
 EDGE_COLUMNS = ("null", "empty", "day", "aware", "naive", "decimal", "binary", "flag", "text")
 EDGE_ROW = (None, "", date(2026, 2, 3), datetime(2026, 2, 3, 4, 5, 6, 789, tzinfo=timezone(timedelta(hours=2))),
             datetime(2026, 2, 3, 4, 5, 6), Decimal("12345678901234567890.1234567890"), b"\x00\xffbin", True,
