@@ -61,8 +61,8 @@ def test_numbers_wider_than_64_bits_and_small_decimals_keep_every_digit() -> Non
         b'"c5":1.5,"c6":"01:02:03"}\n')
 
 
-def test_a_lone_null_in_a_one_column_csv_is_an_empty_line_and_an_empty_string_is_quoted() -> None:
-    assert render("csv", ("only",), [[(None,), ("",), ("x",)]]) == b'only\r\n\r\n""\r\nx\r\n'
+def test_a_lone_null_in_a_one_column_csv_is_an_empty_line_and_an_empty_batch_writes_nothing() -> None:
+    assert render("csv", ("only",), [[(None,), ("",)], [], [("x",)]]) == b'only\r\n\r\n""\r\nx\r\n'
 
 
 @settings(max_examples=200, deadline=None)

@@ -47,6 +47,8 @@ class CsvWriter:
         self.write([tuple(columns)])
 
     def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        if not rows:
+            return
         columns = list(zip(*rows, strict=True))
         kinds = [set(map(type, column)) for column in columns]
         if not all(k <= _PLAIN for k in kinds):
