@@ -59,14 +59,14 @@ import httpx
 
 from exports_common.dev_mode import DEMO_API_KEYS
 from tests.cluster_run import RunningCluster
-from tests.conftest import DEMO_KEY, backend_config, gateway_config
+from tests.conftest import DEMO_KEY, backend_config, gateway_config, synthetic_type
 from tests.procs import RedisClusterServers, RedisServer, Service
 from tests.receiver import Receiver
 
 API = "/api/v1/exports"
 EXPORT_TYPE = "chaos_export"
 # ~1.5 s per task: long enough that faults land on running exports
-EXPORT_TYPES = {EXPORT_TYPE: {"dataset": "orders", "rows": 5000, "seed": 11, "fault": {"delay_sec": 1.5}}}
+EXPORT_TYPES = {EXPORT_TYPE: synthetic_type("orders", 5000, 11, fault={"delay_sec": 1.5})}
 LEASE_SEC = 15.0  # longer than the 10 s Redis stall: that stall must not run any task twice
 GIVE_UP_SEC = 90.0
 # the limiter (once it exists) still runs; a chaos client must not be rate limited
