@@ -7,7 +7,6 @@ is back, b1 is ready and claims again. No task is FAILED with a bare "OSError".
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,8 +97,6 @@ def test_a_backend_short_of_disk_claims_nothing_says_why_and_gives_a_full_disk_t
     log = cluster.log("b1")
     assert "the disk filled up under the export" in log, log[-3000:]
     assert "OSError" not in log.split("the disk filled up under the export", 1)[0][-2000:]
-    metrics = httpx.get(f"{cluster.url('b1')}/metrics", timeout=10).text
-    assert re.search(r'^backend_tasks_released_total\{reason="disk_full"\} [1-9]', metrics, re.M), metrics
     # that export would fail again: b1 waits for real room, and says so
     waiting = _ready(cluster, "b1")
     assert waiting.status_code == 503 and "ran out of space" in waiting.json()["message"], waiting.text
