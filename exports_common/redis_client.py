@@ -82,7 +82,13 @@ class _Pipeline(ClusterPipeline):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         # a slip of redis-py's inside the `async with` block (WATCH, an immediate read) leaves it as a ClusterError
-        await self.reset()  # type: ignore[no-untyped-call]  # what ClusterPipeline.__aexit__ does
+        try:
+            await self.reset()  # type: ignore[no-untyped-call]  # what ClusterPipeline.__aexit__ does
+        except Exception as failure:  # its UNWATCH on a connection the failure broke: the block's error says more
+            if exc is None and isinstance(failure, RedisError):
+                raise
+            if exc is None:
+                raise _slipped(failure) from failure
         if isinstance(exc, Exception) and not isinstance(exc, RedisError) and _raised_by_redis(exc):
             raise _slipped(exc) from exc
 

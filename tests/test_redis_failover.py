@@ -96,5 +96,6 @@ def test_killing_the_stores_primary_answers_no_500_refuses_no_tenant_and_loses_n
     for ids in submitter.ids.values():
         wait_status(backend.url, next(iter(ids)), {"COMPLETED"}, timeout=60, headers=TENANT)
     assert promoted != primary
-    for service in (backend, gateway):
-        assert "Traceback" not in service.log() and "AttributeError" not in service.log(), service.log()[-3000:]
+    for service in (backend, gateway):  # a slip of redis-py's is named in a warning, never an error with a traceback
+        errors = [line for line in service.log().splitlines() if '"level": "error"' in line or "Traceback" in line]
+        assert not errors, errors[:3]
