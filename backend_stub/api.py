@@ -195,8 +195,11 @@ class BackendApi:
         try:
             chunks = await self.results.read(key, first, last) if size else _nothing()
         except ObjectMissing:
-            log.error("result object missing for a live task", extra={"key": key, "store": self.results.name})
-            raise ApiError(ErrorKind.RESULT_MISSING, data={"task_id": task.task_id}) from None
+            # the store answered, and the object is gone for good (lost with a store's data, or deleted behind
+            # our back, or backends on different stores): a 410, which no breaker or retry takes for an outage
+            log.error("result object missing for a live task: the result store lost it, or the backends do not "
+                      "share one result_store", extra={"key": key, "store": self.results.name})
+            raise ApiError(ErrorKind.RESULT_LOST, data={"task_id": task.task_id}) from None
         except StoreUnavailable as exc:
             log.warning("result store unavailable", extra={"key": key, "error": str(exc)})
             raise unavailable("the result store cannot be reached", STORE_RETRY_AFTER_SEC) from None

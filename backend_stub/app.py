@@ -16,6 +16,7 @@ from backend_stub.admin_api import AdminApi
 from backend_stub.api import BackendApi
 from backend_stub.callbacks import CallbackSender
 from backend_stub.config import BackendConfig
+from backend_stub.disk_space import DiskSpace
 from backend_stub.files import ResultFiles
 from backend_stub.http_fault import HttpFault, RequestCounter
 from backend_stub.result_store import open_result_store
@@ -33,7 +34,8 @@ def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
     store = open_store(config)
     files = ResultFiles(config.data_dir)
     results = open_result_store(config.result_store, config.data_dir, config.download_redirect.public_endpoint)
-    workers = Workers(config, store, files, results)
+    disk = DiskSpace(config.data_dir, config.min_free_bytes)
+    workers = Workers(config, store, files, results, disk)
     sender = CallbackSender(config, store)
 
     @contextlib.asynccontextmanager
@@ -49,11 +51,15 @@ def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
             otel.shutdown()
 
     async def readyz(request: Request) -> Response:
-        """Ready when the store answers: a backend that cannot reach it should get no traffic (/healthz: alive)."""
+        """Ready when the store answers and data_dir has room for exports (/healthz: alive)."""
         try:
             await asyncio.wait_for(store.ping(), 2.0)
         except (TimeoutError, RedisError, OSError) as exc:
             return error_response(unavailable(f"not ready: the store does not answer ({type(exc).__name__})", 2))
+        short = disk.shortage()
+        if short is not None:
+            return error_response(unavailable(f"not ready: {short}; no task is claimed until space is back", 30,
+                                              data={"reason": "disk_full"}))
         return ok({"status": "ready"})
 
     async def redis_failed(request: Request, exc: Exception) -> Response:

@@ -197,6 +197,9 @@ class BackendConfig(Strict):
     port: int = Field(8081, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     data_dir: str = ".data/backend"
+    min_free_bytes: int = Field(1 << 30, ge=0, description=(
+        "free space data_dir must keep: below it this backend claims no new task and /readyz answers 503 until "
+        "space is back (its exports spool there before they are stored)"))
     redis_url: str = Field("", description="empty: embedded SQLite store; set: shared Redis store and "
                            "queue (redis://HOST:PORT/DB, or redis+cluster://HOST:PORT for a Redis Cluster)")
     redis_prefix: str = "exports"

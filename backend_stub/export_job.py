@@ -6,9 +6,16 @@ batches are the safe points: a cancel, the task's deadline, `max_rows` and
 `max_bytes` take effect there. Progress is 5 + 90 * rows written / the source's
 estimate (or what the source reports itself), at most 95 until the file is stored.
 Whatever stops the attempt early, its partial file is removed.
+
+A result store that fails (an outage) does not end the attempt: the finished file stays
+in the spool and its upload is tried again with backoff (jittered, doubling up to 30 s)
+until it lands or the attempt is stopped, which the task's deadline does in the end. A
+disk that fills up while the file is written ends the attempt with `OutOfSpace`.
 """
 from __future__ import annotations
 
+import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -16,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backend_stub import metrics
 from backend_stub.config import ExportTypeConfig
+from backend_stub.disk_space import OutOfSpace, no_space
 from backend_stub.failures import Cancelled, DeadlineReached, PermanentFailure, TransientFailure
 from backend_stub.formats import FORMATS, WriteOptions
 from backend_stub.models import Task
@@ -26,6 +35,9 @@ from backend_stub.sources import Batch
 
 RUNNING_MAX_PROGRESS = 95  # until the file is stored
 STORED_PROGRESS = 99  # COMPLETED is 100
+STORE_RETRY_FIRST_SEC = 1.0
+STORE_RETRY_MAX_SEC = 30.0
+log = logging.getLogger("backend.export")
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,7 @@ class ExportJob:
         self.part_path = part_path
         self.publish = publish
         self.fail_transiently = fail_transiently
+        self.store_outage: str | None = None  # the result store's last failure, while the upload waits it out
         self._stop = threading.Event()
         self.ctx = AttemptContext(task, deadline, self._stop)
 
@@ -90,6 +103,11 @@ class ExportJob:
     def run(self) -> JobResult:
         try:
             return self._run()
+        except OSError as exc:
+            self.part_path.unlink(missing_ok=True)
+            if no_space(exc):
+                raise OutOfSpace(f"no space left under data_dir for the export's file ({exc.strerror})") from exc
+            raise
         except BaseException:
             self.part_path.unlink(missing_ok=True)
             raise
@@ -119,12 +137,27 @@ class ExportJob:
             size = part.finish()
         self._check_bytes(size)
         self._pause(0)
-        try:
-            self.publish(self.part_path)
-        except StoreUnavailable as exc:
-            raise TransientFailure(f"the result store failed: {exc}") from exc
+        self._store()
         ctx.progress = STORED_PROGRESS
         return JobResult(rows=written, bytes=size)
+
+    def _store(self) -> None:
+        """Publish the finished file, waiting out a store outage (with backoff) until it lands or the job stops."""
+        delay = STORE_RETRY_FIRST_SEC
+        while True:
+            try:
+                self.publish(self.part_path)
+            except StoreUnavailable as exc:
+                self.store_outage = str(exc)
+                wait = random.uniform(delay / 2, delay)
+                metrics.result_store_retries.inc()
+                log.warning("the result store failed; the upload is tried again (no attempt is spent)",
+                            extra={"task_id": self.task.task_id, "error": str(exc), "retry_in_sec": round(wait, 1)})
+                self._pause(wait)
+                delay = min(STORE_RETRY_MAX_SEC, delay * 2)
+            else:
+                self.store_outage = None
+                return
 
     def _pause(self, seconds: float) -> None:
         """A safe point: wait up to `seconds`, stopping the attempt if it was cancelled or its deadline passed."""

@@ -109,6 +109,20 @@ def requeue(attempt: int) -> Change:
     return change
 
 
+def release(attempt: int) -> Change:
+    """Give the task back to the queue when the attempt stopped for a reason of this backend's (its disk was
+    full), not the task's: the next start is a new attempt (so writes of this one stay fenced off), and the
+    attempt does not count against max_attempts (the budget's base moves with it)."""
+
+    def change(task: Task) -> Task | None:
+        if task.status != Status.RUNNING or task.attempt != attempt:
+            return None
+        return _next(task, status=Status.PENDING, attempt=attempt + 1, base_attempt=task.base_attempt + 1, progress=0,
+                     current_step=None, started_at=None)
+
+    return change
+
+
 def cancel(ttl_sec: float) -> Change:
     def change(task: Task) -> Task | None:
         if task.status not in ACTIVE:

@@ -37,6 +37,14 @@ lease_reclaims = Counter("backend_lease_reclaims", "tasks taken over from a work
                          ("export_type",), registry=REGISTRY)
 task_retries = Counter("backend_task_retries", "attempts re-queued after a transient failure", ("export_type",),
                        registry=REGISTRY)
+result_store_retries = Counter("backend_result_store_retries", "uploads to the result store tried again after it "
+                               "failed (an outage waited out within the task's timeout)", registry=REGISTRY)
+tasks_released = Counter("backend_tasks_released", "attempts given back to the queue without spending an attempt, "
+                         "by reason (disk_full: the spool's disk filled up)", ("reason",), registry=REGISTRY)
+disk_free = Gauge("backend_disk_free_bytes", "free space under data_dir, where exports spool", registry=REGISTRY)
+disk_short = Gauge("backend_disk_short", "1 while this backend claims no task for want of disk space (below "
+                   "min_free_bytes, or an export ran out of space and not enough has come free since)",
+                   registry=REGISTRY)
 task_ends = Counter("backend_task_ends", "attempts that ended, by status", ("export_type", "status"),
                     registry=REGISTRY)
 callbacks = Counter("backend_callback_deliveries", "callback delivery tries, by outcome", ("outcome",),
@@ -67,6 +75,7 @@ def seed(export_types: Iterable[str], worker_count: int) -> None:
             task_duration.labels(export_type, status)
     for outcome in CALLBACK_OUTCOMES:
         callbacks.labels(outcome)
+    tasks_released.labels("disk_full")
 
 
 def task_ended(export_type: str, status: str, started_at: float | None, rows: int | None) -> None:

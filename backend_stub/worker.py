@@ -12,6 +12,12 @@ task) does the attempt give up: its export stops at the next safe point and its
 partial output is removed, and every later write it might make is refused by
 the attempt number. So a stall shorter than the lease runs no task twice, and a
 dead worker's task runs again exactly once.
+
+A result store outage is waited out by the export itself (backend_stub.export_job)
+within the task's timeout, spending no attempt. A backend short of disk space under
+its data_dir (backend_stub.disk_space) claims nothing until space is back, and a task
+whose file found the disk full goes back to the queue without spending an attempt, for
+a backend with room.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from redis.exceptions import RedisError
 
 from backend_stub import lifecycle, metrics, tracing
 from backend_stub.config import BackendConfig
+from backend_stub.disk_space import DiskSpace, OutOfSpace
 from backend_stub.export_job import ExportJob, JobResult
 from backend_stub.failures import Cancelled, DeadlineReached, PermanentFailure, TransientFailure
 from backend_stub.files import ResultFiles
@@ -73,11 +80,13 @@ class Held:
 
 
 class Workers:
-    def __init__(self, config: BackendConfig, store: TaskStore, files: ResultFiles, results: ResultStore) -> None:
+    def __init__(self, config: BackendConfig, store: TaskStore, files: ResultFiles, results: ResultStore,
+                 disk: DiskSpace) -> None:
         self.config = config
         self.store = store
         self.files = files
         self.results = results
+        self.disk = disk
         # spare threads: a timed-out job may still be finishing its last chunk
         self.executor = ThreadPoolExecutor(max_workers=config.workers * 2, thread_name_prefix="export")
         self._loops: list[asyncio.Task[None]] = []
@@ -94,6 +103,9 @@ class Workers:
 
     async def _loop(self, consumer: str) -> None:
         async def step() -> None:  # the claim waits up to 1 s for work, so the loop needs no interval
+            if self.disk.shortage() is not None:  # no room for another export's file: leave it to a backend with room
+                await asyncio.sleep(1.0)
+                return
             lease = await self.store.claim(consumer, self.config.lease_sec, wait_sec=1.0)
             if lease is not None:
                 await self._handle(lease, consumer)
@@ -152,7 +164,7 @@ class Workers:
         held = Held(lease)
         try:
             if await self._supervise(task, lease, consumer, job, future, held):
-                await self._complete(task, lease, future, held)
+                await self._complete(task, lease, job, future, held)
         except LeaseLost as exc:
             job.cancel()
             await asyncio.gather(future, return_exceptions=True)
@@ -170,7 +182,7 @@ class Workers:
                 # the thread stops later with Cancelled, which nobody awaits: retrieve it, or asyncio
                 # logs "Future exception was never retrieved" with a traceback for a normal TIMEOUT
                 future.add_done_callback(lambda done: done.cancelled() or done.exception())
-                await self._end(task, lease, held, self._timed_out(task))
+                await self._end(task, lease, held, self._timed_out(task, job))
                 return False
             await asyncio.wait({future}, timeout=min(self.config.progress_interval_sec, remaining))
             if future.done():
@@ -202,7 +214,8 @@ class Workers:
             asyncio.run_coroutine_threadsafe(self.results.publish(path, key), loop).result()
         return publish
 
-    async def _complete(self, task: Task, lease: Lease, future: asyncio.Future[JobResult], held: Held) -> None:
+    async def _complete(self, task: Task, lease: Lease, job: ExportJob, future: asyncio.Future[JobResult],
+                        held: Held) -> None:
         spec = self.config.export_types[task.export_type]
         ttl = self.config.task_ttl_sec
         try:
@@ -220,14 +233,22 @@ class Workers:
             change = lifecycle.finish(Status.FAILED, attempt=task.attempt, ttl_sec=ttl,
                                       error=error_info(exc.code, str(exc), retryable=False))
         except DeadlineReached:
-            change = self._timed_out(task)
+            change = self._timed_out(task, job)
         except Cancelled:
             await held.retrying(lambda: self.store.ack(lease))
+            return
+        except OutOfSpace as exc:
+            self.disk.write_failed()
+            metrics.tasks_released.labels("disk_full").inc()
+            log.warning("the disk filled up under the export; the task goes back to the queue for a backend with "
+                        "room, without spending an attempt", extra={"attempt": task.attempt, "error": str(exc)})
+            await held.retrying(lambda: self.store.update(task.task_id, lifecycle.release(task.attempt),
+                                                          enqueue=True, ack=lease))
             return
         except Exception as exc:
             log.exception("export crashed")
             change = lifecycle.finish(Status.FAILED, attempt=task.attempt, ttl_sec=ttl, error=error_info(
-                "EXPORT_ERROR", f"the export stopped on an unexpected error: {type(exc).__name__}", retryable=False))
+                "EXPORT_ERROR", f"the export stopped on an unexpected error: {_described(exc)}", retryable=False))
         else:
             change = lifecycle.finish(Status.COMPLETED, attempt=task.attempt, ttl_sec=ttl, result={
                 "download_url": f"/exports/{task.task_id}/file",
@@ -235,10 +256,12 @@ class Workers:
             })
         await self._end(task, lease, held, change)
 
-    def _timed_out(self, task: Task) -> Change:
+    def _timed_out(self, task: Task, job: ExportJob) -> Change:
+        why = f"the export did not finish within {task.timeout_sec} s"
+        if job.store_outage is not None:
+            why += f": its file waited for the result store, which stayed unavailable ({job.store_outage})"
         return lifecycle.finish(Status.TIMEOUT, attempt=task.attempt, ttl_sec=self.config.task_ttl_sec,
-                                error=error_info("TASK_TIMEOUT", f"the export did not finish within "
-                                                                 f"{task.timeout_sec} s", retryable=True))
+                                error=error_info("TASK_TIMEOUT", why, retryable=True))
 
     async def _end(self, task: Task, lease: Lease, held: Held, change: Change) -> None:
         # a retried update is safe: `change` is conditional on this attempt still running
@@ -259,6 +282,13 @@ class Workers:
         except StoreUnavailable as exc:
             log.warning("could not delete a result nobody will serve; the expiry sweep deletes it with the task",
                         extra={"key": key, "error": str(exc)})
+
+
+def _described(exc: Exception) -> str:
+    """The error's kind and, for an operating system error, its plain words (never a path or a traceback)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__} ({exc.strerror})"
+    return type(exc).__name__
 
 
 def _deadline(task: Task) -> float:

@@ -1,12 +1,24 @@
-"""Chaos as a tool: two gateways, two backends and one private Redis, a retrying client, and faults.
+"""Chaos as a tool: gateways, backends and Redis as real processes, a retrying client, and faults.
 
-Each scenario starts a fresh stack (gateway A → backend 1, gateway B → backend 2,
-both backends sharing one result directory, everything on one Redis with an
-append-only file), submits at a steady rate through random gateways for a while,
-injects its fault, and then polls every task id the client obtained until it is
-terminal. The client does what a careful client does: it retries a submission
-with the same Idempotency-Key (after Retry-After, through either gateway) until
-it gets an id, for up to a minute.
+Each scenario starts a fresh stack, submits at a steady rate for a while, injects its
+fault, and then polls every task id the client obtained until it is terminal. Stacks:
+- the pair: gateway A → backend 1, gateway B → backend 2, both backends sharing one result
+  directory, everything on one Redis with an append-only file (the older scenarios);
+- `make cluster` itself (scripts/run_cluster.py up, on shifted ports): nginx in front of two
+  gateways balancing over two backends, Redis, moto as the S3 result store, every node
+  supervised; every submission carries a callback to a slow receiver here (1.5 s an answer,
+  slower than the backends' polls), so duplicated and lost callbacks are counted too;
+- the pair on a Redis Cluster of 3 primaries with a replica each (`redis_failover`).
+The client does what a careful client does: it retries a submission with the same
+Idempotency-Key (after Retry-After, through any entry point) until it gets an id, for up
+to 90 s.
+
+Scenarios of the cluster (issue 21's findings 1-6): `node_deaths` (kill -9 of b1, then g2,
+then Redis: each restarted by the supervisor), `slow_callbacks` (no fault: the slow receiver
+alone), `s3_outage` (moto frozen 15 s), `redis_failover` (the store's primary killed),
+`gateway_freeze` (g1 frozen 20 s behind nginx), `disk_full` (b1's data_dir, a 32 MiB tmpfs,
+filled to 2 MiB free with min_free_bytes 1 MiB, while user exports of about 2.9 MB run
+between report exports; space back 15 s later; needs root for the mount).
 
 Per scenario it prints: submitted; ids obtained; completed; lost (an id the client
 held that never completed, or went 404); duplicated (one key answered with two
@@ -14,67 +26,97 @@ ids, or one task started twice although no process running it died); re-run
 after a kill (a task started again because the backend process running it was
 killed: allowed, and each such task runs exactly twice); 500s (any
 5xx other than a 503 with Retry-After: the answers that are bugs); 503s with
-Retry-After (the designed answer while a dependency is down); and recovery (seconds
-from the end of the fault to the last failed client call).
+Retry-After (the designed answer while a dependency is down); recovery (seconds
+from the end of the fault to the last failed client call); and on the cluster, callbacks
+lost (a completed task whose callback never came) and duplicated (a notification that
+arrived twice, beyond those a backend took over after another died mid-delivery, which
+at-least-once allows: shown in the note).
 
-    python -m benchmarks.chaos                      # every scenario (a few minutes)
+    python -m benchmarks.chaos                      # every scenario (a quarter of an hour)
     python -m benchmarks.chaos redis_stall backend_kill --rate 4 --seconds 8
+    python -m benchmarks.chaos node_deaths gateway_freeze
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import functools
 import json
+import os
 import random
+import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
+from exports_common.dev_mode import DEMO_API_KEYS
+from tests.cluster_run import RunningCluster
 from tests.conftest import DEMO_KEY, backend_config, gateway_config, synthetic_type
-from tests.procs import RedisServer, Service
+from tests.procs import RedisClusterServers, RedisServer, Service
+from tests.receiver import Receiver
 
 API = "/api/v1/exports"
-AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
 EXPORT_TYPE = "chaos_export"
 # ~1.5 s per task: long enough that faults land on running exports
 EXPORT_TYPES = {EXPORT_TYPE: synthetic_type("orders", 5000, 11, fault={"delay_sec": 1.5})}
 LEASE_SEC = 15.0  # longer than the 10 s Redis stall: that stall must not run any task twice
-GIVE_UP_SEC = 60.0
+GIVE_UP_SEC = 90.0
 # the limiter (once it exists) still runs; a chaos client must not be rate limited
 LIMITS_ENV = {"TENANT_REQUESTS_PER_SEC": "10000", "TENANT_REQUESTS_BURST": "20000",
               "TENANT_SUBMITS_PER_SEC": "10000", "TENANT_SUBMITS_BURST": "20000", "TENANT_MAX_ACTIVE_TASKS": "100000"}
+RECEIVER_DELAY_SEC = 1.5  # slower than the backends' 0.2 s poll for due callbacks
+# the disk scenario: b1 left 2 MiB (min_free_bytes 1 MiB) while user exports (about 2.9 MB each) and report
+# exports (about 0.7 MB) alternate: the first user export b1 takes fills its disk
+DISK_BYTES, DISK_MIN_FREE, DISK_LEFT = 32 << 20, 1 << 20, 2 << 20
+
+
+class AnyStack(Protocol):
+    """What a scenario and the client need of a stack."""
+
+    killed: set[tuple[int, int]]  # (backend index, incarnation) of every backend process that was killed
+    receiver: Receiver | None
+
+    def entry_points(self) -> list[str]: ...
+
+    def auth(self) -> dict[str, str]: ...
+
+    def body(self) -> dict[str, Any]: ...
+
+    def backend_logs(self) -> list[str]: ...
 
 
 class Stack:
-    """Two gateways, two backends, one Redis; faults by name."""
+    """Two gateways, two backends, one Redis (or a Redis Cluster with replicas); faults by name."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, redis_cluster: bool = False) -> None:
         self.workdir = workdir
-        self.redis = RedisServer(workdir / "redis", persistent=True)
         (workdir / "redis").mkdir()
+        self.redis = RedisServer(workdir / "redis", persistent=True)
+        self.cluster = RedisClusterServers(workdir / "redis", size=3, replicas=1) if redis_cluster else None
         self.backends: list[Service] = []
         self.gateways: list[Service] = []
-        # (backend index, incarnation) of every backend process that was killed
         self.killed: set[tuple[int, int]] = set()
         self.incarnation = [0, 0]
+        self.receiver: Receiver | None = None
 
     def start(self) -> Stack:
-        self.redis.start()
-        shared = self.workdir / "results"  # both backends serve each other's files (no shared store yet)
+        url = self.cluster.start().url if self.cluster is not None else self.redis.start().url
+        shared = self.workdir / "results"  # both backends serve each other's files
         for i in range(2):
-            config = backend_config(self.workdir, self.redis.url, data_dir=str(shared), workers=4,
+            config = backend_config(self.workdir, url, data_dir=str(shared), workers=4,
                                     lease_sec=LEASE_SEC, progress_interval_sec=0.2, export_types=EXPORT_TYPES,
                                     log_level="info")
             self.backends.append(Service("backend_stub", config, self.workdir, f"backend-{i + 1}").start())
         for i, backend in enumerate(self.backends):
-            config = gateway_config(self.workdir, backend.url, self.redis.url)
+            config = gateway_config(self.workdir, backend.url, url)
             self.gateways.append(Service("gateway", config, self.workdir, f"gateway-{'AB'[i]}",
                                          env=LIMITS_ENV).start())
         return self
@@ -82,7 +124,21 @@ class Stack:
     def stop(self) -> None:
         for service in [*self.gateways, *self.backends]:
             service.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
         self.redis.stop()
+
+    def entry_points(self) -> list[str]:
+        return [gateway.url for gateway in self.gateways]
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {DEMO_KEY}"}
+
+    def body(self) -> dict[str, Any]:
+        return {"export_type": EXPORT_TYPE, "format": "csv"}
+
+    def backend_logs(self) -> list[str]:
+        return [backend.log() for backend in self.backends]
 
     def kill_backend(self, i: int) -> None:
         self.backends[i].kill()
@@ -91,6 +147,66 @@ class Stack:
     def restart_backend(self, i: int) -> None:
         self.incarnation[i] += 1
         self.backends[i].start(timeout=60)  # a loaded two-core machine starts Python slowly
+
+
+class ClusterStack:
+    """`make cluster` itself; its backends' data dirs optionally on small tmpfs mounts (the disk scenario)."""
+
+    def __init__(self, workdir: Path, small_disk: bool = False) -> None:
+        self.workdir = workdir
+        self.small_disk = small_disk
+        env = {"BACKEND_MIN_FREE_BYTES": str(DISK_MIN_FREE)} if small_disk else {}
+        self.cluster = RunningCluster(workdir, env=env)
+        self.receiver: Receiver | None = Receiver(delay_sec=RECEIVER_DELAY_SEC)
+        self.killed: set[tuple[int, int]] = set()
+        self.bodies = 0
+
+    def start(self) -> ClusterStack:
+        if self.small_disk:
+            mount = self.workdir / "b1"
+            mount.mkdir()
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount)], check=True)
+        assert self.receiver is not None
+        self.receiver.__enter__()
+        self.cluster.start()
+        return self
+
+    def stop(self) -> None:
+        self.cluster.stop()
+        if self.receiver is not None:
+            self.receiver.__exit__()
+        if self.small_disk:
+            subprocess.run(["umount", "--lazy", str(self.workdir / "b1")], check=False)
+
+    def entry_points(self) -> list[str]:
+        return [self.cluster.lb]
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {DEMO_API_KEYS['demo']}"}
+
+    def body(self) -> dict[str, Any]:
+        assert self.receiver is not None
+        self.bodies += 1
+        export_type = "user_export" if self.small_disk and self.bodies % 2 else "report_export"
+        return {"export_type": export_type, "callback_url": self.receiver.url}
+
+    def backend_logs(self) -> list[str]:
+        return [self.cluster.log("b1"), self.cluster.log("b2")]
+
+    def kill(self, name: str) -> None:
+        if name in ("b1", "b2"):
+            incarnation = self.cluster.log(name).count("Started server process") - 1
+            self.killed.add((int(name[1]) - 1, incarnation))
+        self.cluster.signal(name, signal.SIGKILL)
+
+    def fill_disk(self, leave: int) -> None:
+        disk = self.workdir / "b1"
+        stat = os.statvfs(disk)
+        with open(disk / "filler", "wb") as out:
+            out.write(b"\0" * max(0, stat.f_bavail * stat.f_frsize - leave))
+
+    def free_disk(self) -> None:
+        (self.workdir / "b1" / "filler").unlink(missing_ok=True)
 
 
 @dataclass
@@ -106,13 +222,13 @@ class Tally:
 
 
 class Client:
-    def __init__(self, stack: Stack, tally: Tally) -> None:
+    def __init__(self, stack: AnyStack, tally: Tally) -> None:
         self.stack = stack
         self.tally = tally
-        self.http = httpx.AsyncClient(timeout=20.0, headers=AUTH)
+        self.http = httpx.AsyncClient(timeout=30.0, headers=stack.auth())
 
     def _gateway(self) -> str:
-        return random.choice(self.stack.gateways).url
+        return random.choice(self.stack.entry_points())
 
     def _failed(self, what: str) -> None:
         self.tally.error_times.append(time.monotonic())
@@ -148,7 +264,7 @@ class Client:
                 continue
             if resp.status_code == 202:
                 self.tally.ids.setdefault(key, set()).add(resp.json()["data"]["task_id"])
-                # ask again once more, through either gateway: a second id would be a duplicate
+                # ask again once more, through any entry point: a second id would be a duplicate
                 if len(self.tally.ids[key]) == 1 and random.random() < 0.3:
                     await asyncio.sleep(0.5)
                     continue
@@ -177,7 +293,7 @@ class Client:
             await asyncio.sleep(self._classify(resp, "poll"))
 
 
-Fault = Callable[[Stack], Coroutine[Any, Any, float]]  # injects; returns the monotonic time the fault ended
+Fault = Callable[[Any], Coroutine[Any, Any, float]]  # injects; returns the monotonic time the fault ended
 
 
 async def _later(seconds: float, action: Callable[[], object]) -> None:
@@ -185,7 +301,13 @@ async def _later(seconds: float, action: Callable[[], object]) -> None:
     await asyncio.to_thread(action)
 
 
-def _scenarios(at: float) -> dict[str, Fault]:
+@dataclass(frozen=True)
+class Scenario:
+    fault: Fault
+    stack: Callable[[Path], Any]  # makes the (not yet started) stack it runs on
+
+
+def _scenarios(at: float) -> dict[str, Scenario]:
     async def baseline(stack: Stack) -> float:
         return time.monotonic()
 
@@ -224,9 +346,49 @@ def _scenarios(at: float) -> dict[str, Fault]:
         await _later(8, lambda: stack.restart_backend(1))
         return end
 
-    return {"baseline": baseline, "backend_kill": backend_kill, "gateway_kill": gateway_kill,
-            "redis_stall": redis_stall, "redis_kill_aof": redis_kill_aof,
-            "redis_restart_empty": redis_restart_empty, "backends_down": backends_down}
+    async def redis_failover(stack: Stack) -> float:
+        assert stack.cluster is not None
+        primary = stack.cluster.owner("{exports}")
+        await _later(at, lambda: stack.cluster.kill(primary) if stack.cluster else None)
+        await asyncio.to_thread(stack.cluster.wait_failover, "{exports}", primary)
+        return time.monotonic()
+
+    async def node_deaths(stack: ClusterStack) -> float:
+        await _later(at, lambda: stack.kill("b1"))
+        await _later(3, lambda: stack.kill("g2"))
+        await _later(3, lambda: stack.kill("redis"))
+        await asyncio.to_thread(stack.cluster.wait_serving, "redis", 1)
+        return time.monotonic()
+
+    async def slow_callbacks(stack: ClusterStack) -> float:
+        return time.monotonic()
+
+    async def s3_outage(stack: ClusterStack) -> float:
+        await _later(at, lambda: stack.cluster.signal("s3", signal.SIGSTOP))
+        await _later(15, lambda: stack.cluster.signal("s3", signal.SIGCONT))
+        return time.monotonic()
+
+    async def gateway_freeze(stack: ClusterStack) -> float:
+        await _later(at, lambda: stack.cluster.signal("g1", signal.SIGSTOP))
+        await _later(20, lambda: stack.cluster.signal("g1", signal.SIGCONT))
+        return time.monotonic()
+
+    async def disk_full(stack: ClusterStack) -> float:
+        await _later(at, lambda: stack.fill_disk(DISK_LEFT))
+        await _later(15, stack.free_disk)
+        return time.monotonic()
+
+    pair, on_redis_cluster = Stack, functools.partial(Stack, redis_cluster=True)
+    cluster, small_disk = ClusterStack, functools.partial(ClusterStack, small_disk=True)
+    return {
+        "baseline": Scenario(baseline, pair), "backend_kill": Scenario(backend_kill, pair),
+        "gateway_kill": Scenario(gateway_kill, pair), "redis_stall": Scenario(redis_stall, pair),
+        "redis_kill_aof": Scenario(redis_kill_aof, pair), "redis_restart_empty": Scenario(redis_restart_empty, pair),
+        "backends_down": Scenario(backends_down, pair),
+        "node_deaths": Scenario(node_deaths, cluster), "slow_callbacks": Scenario(slow_callbacks, cluster),
+        "s3_outage": Scenario(s3_outage, cluster), "redis_failover": Scenario(redis_failover, on_redis_cluster),
+        "gateway_freeze": Scenario(gateway_freeze, cluster), "disk_full": Scenario(disk_full, small_disk),
+    }
 
 
 SCENARIOS = tuple(_scenarios(0))
@@ -244,37 +406,43 @@ class Outcome:
     bad_5xx: int
     unavailable: int
     recovery_sec: float
+    callbacks_lost: int | None = None
+    callbacks_duplicated: int | None = None
     note: str = ""
 
     def row(self) -> str:
+        def shown(n: int | None) -> str:
+            return "-" if n is None else str(n)
+
         return (f"| {self.scenario} | {self.submitted} | {self.obtained} | {self.completed} | {self.lost} | "
-                f"{self.duplicated} | {self.rerun_after_kill} | {self.bad_5xx} | {self.unavailable} | "
+                f"{self.duplicated} | {self.rerun_after_kill} | {shown(self.callbacks_lost)} | "
+                f"{shown(self.callbacks_duplicated)} | {self.bad_5xx} | {self.unavailable} | "
                 f"{self.recovery_sec:.1f} | {self.note} |")
 
 
-HEADER = ("| scenario | submitted | ids obtained | completed | lost | duplicated | re-run after a kill | 500s | "
-          "503 + Retry-After | recovery (s) | note |\n|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| scenario | submitted | ids obtained | completed | lost | duplicated | re-run after a kill | "
+          "callbacks lost | callbacks duplicated | 500s | 503 + Retry-After | recovery (s) | note |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 @contextlib.contextmanager
-def running_stack() -> Iterator[Stack]:
+def running_stack(make: Callable[[Path], Any]) -> Iterator[Any]:
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
-        stack = Stack(Path(tmp))
+        stack = make(Path(tmp))
         try:
             yield stack.start()
         finally:
             stack.stop()
 
 
-async def _drive(stack: Stack, fault: Fault, rate: float, seconds: float) -> tuple[Tally, float]:
+async def _drive(stack: AnyStack, fault: Fault, rate: float, seconds: float) -> tuple[Tally, float]:
     tally = Tally()
     client = Client(stack, tally)
     run = f"{time.time_ns():x}"
     submits = []
     fault_task = asyncio.create_task(fault(stack))
     for n in range(int(rate * seconds)):
-        body = {"export_type": EXPORT_TYPE, "format": "csv"}
-        submits.append(asyncio.create_task(client.submit_and_follow(f"chaos-{run}-{n}", body)))
+        submits.append(asyncio.create_task(client.submit_and_follow(f"chaos-{run}-{n}", stack.body())))
         await asyncio.sleep(1 / rate)
     fault_end = await fault_task
     await asyncio.gather(*submits)
@@ -282,43 +450,70 @@ async def _drive(stack: Stack, fault: Fault, rate: float, seconds: float) -> tup
     return tally, fault_end
 
 
+def _callbacks(stack: AnyStack, completed: set[str]) -> tuple[int | None, int | None, str]:
+    """(completed tasks whose callback never came, notifications repeated beyond takeovers, a note)."""
+    if stack.receiver is None:
+        return None, None, ""
+    deadline = time.monotonic() + 60  # the last tasks' callbacks are on their way (each answer takes 1.5 s)
+    while time.monotonic() < deadline:
+        with stack.receiver.lock:
+            arrived = {json.loads(r.body)["task_id"] for r in stack.receiver.received}
+        if completed <= arrived:
+            break
+        time.sleep(0.5)
+    with stack.receiver.lock:
+        counts = collections.Counter(r.headers["webhook-id"] for r in stack.receiver.received)
+    repeats = sum(n - 1 for n in counts.values())
+    taken_over = sum(log.count("callback delivery taken over") for log in stack.backend_logs())
+    note = f"{taken_over} callbacks taken over after a backend died mid-delivery" if taken_over else ""
+    return len(completed - arrived), max(0, repeats - taken_over), note
+
+
 def run_scenario(name: str, rate: float, seconds: float, fault_at: float) -> Outcome:
-    with running_stack() as stack:
-        tally, fault_end = asyncio.run(_drive(stack, _scenarios(fault_at)[name], rate, seconds))
-        starts = _starts_by_process(stack)
+    scenario = _scenarios(fault_at)[name]
+    with running_stack(scenario.stack) as stack:
+        tally, fault_end = asyncio.run(_drive(stack, scenario.fault, rate, seconds))
+        starts = _starts_by_process(stack.backend_logs())
+        callbacks_lost, callbacks_duplicated, callback_note = _callbacks(stack, tally.completed)
+        killed = stack.killed
+        released = sum(log.count("the disk filled up under the export") for log in stack.backend_logs())
     ids = {task_id for answered in tally.ids.values() for task_id in answered}
-    note = ""
+    notes = [callback_note] if callback_note else []
     considered = ids
     if name == "redis_restart_empty":
         # a Redis without its data has forgotten every task: only what was submitted after it counts
         considered = {t for key, answered in tally.ids.items() for t in answered
                       if tally.submitted_at[key] > fault_end}
-        note = f"{len(ids - considered)} ids from before the restart are gone with Redis's data; not counted"
+        notes.append(f"{len(ids - considered)} ids from before the restart are gone with Redis's data; not counted")
     lost = len(considered - tally.completed)
     two_ids = sum(1 for key, answered in tally.ids.items() if len(answered) > 1 and answered & considered)
     ran_twice = sum(1 for task_id, procs in starts.items()
-                    if len(procs) > 1 and not any(p in stack.killed for p in procs[:-1]))
+                    if len(procs) > 1 and not any(p in killed for p in procs[:-1]))
     rerun_after_kill = sum(1 for procs in starts.values() if len(procs) > 1) - ran_twice
+    if released:
+        notes.append(f"{released} attempts given back to the queue by the full disk (started again elsewhere)")
+        ran_twice = max(0, ran_twice - released)  # a released attempt starts again: allowed, not a duplicate
     suspects = [k for k, answered in tally.ids.items() if len(answered) > 1 and answered & considered][:2] + [
-        t for t, procs in starts.items() if len(procs) > 1 and not any(p in stack.killed for p in procs[:-1])][:2]
-    if suspects:
-        note = (note + "; " if note else "") + "duplicated: " + ", ".join(suspects)
+        t for t, procs in starts.items() if len(procs) > 1 and not any(p in killed for p in procs[:-1])][:2]
+    if suspects and (two_ids or ran_twice):
+        notes.append("duplicated: " + ", ".join(suspects))
     errors_after = [t for t in tally.error_times if t > fault_end]
     recovery = max(errors_after) - fault_end if errors_after and name != "baseline" else 0.0
     return Outcome(name, tally.submitted, len(tally.ids), len(considered & tally.completed), lost,
-                   two_ids + ran_twice, rerun_after_kill, tally.bad_5xx, tally.unavailable, recovery, note)
+                   two_ids + ran_twice, rerun_after_kill, tally.bad_5xx, tally.unavailable, recovery,
+                   callbacks_lost, callbacks_duplicated, "; ".join(notes))
 
 
-def _starts_by_process(stack: Stack) -> dict[str, list[tuple[int, int]]]:
+def _starts_by_process(logs: list[str]) -> dict[str, list[tuple[int, int]]]:
     """Each task's starts in time order, tagged with the backend process (index, incarnation) that made them.
 
     A backend's log file is appended to across restarts; uvicorn's "Started server
     process" line opens each incarnation.
     """
     timed: dict[str, list[tuple[float, int, int]]] = {}
-    for i, backend in enumerate(stack.backends):
+    for i, text in enumerate(logs):
         incarnation = -1
-        for line in backend.log().splitlines():
+        for line in text.splitlines():
             try:
                 record = json.loads(line)
             except ValueError:

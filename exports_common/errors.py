@@ -1,7 +1,7 @@
 """Every error kind the public API and the backend can answer with.
 
 The numeric codes are part of the contract: they are stable, listed in docs/reference/errors.md,
-and never reused for another meaning.
+and never reused for another meaning (a retired code stays listed there as retired).
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ class ErrorKind(Enum):
     NOT_RETRYABLE = (40905, 409, "the task is not in a state that can be re-run")
     GONE = (41000, 410, "the download link has expired; poll the task for a fresh link")
     FILE_GONE = (41001, 410, "the result file has expired")
+    RESULT_LOST = (41002, 410, "the task's result file is no longer in the result store although the task has "
+                   "not expired (the store lost it); submit the export again")
     PAYLOAD_TOO_LARGE = (41300, 413, "the request body is too large")
     UNSUPPORTED_MEDIA_TYPE = (41500, 415, "send the body as 'Content-Type: application/json'")
     RANGE_NOT_SATISFIABLE = (41600, 416, "the requested range starts past the end of the file; see Content-Range")
@@ -40,8 +42,6 @@ class ErrorKind(Enum):
     IDEMPOTENCY_QUOTA = (42910, 429, "this tenant holds its maximum number of Idempotency-Keys; retry after "
                                      "older ones expire (Retry-After), or submit without the header")
     INTERNAL = (50000, 500, "internal error; the request was not applied, retry later")
-    RESULT_MISSING = (50001, 500, "the task's result file is missing from the result store although the task "
-                      "has not expired; re-run the task, and check that every backend uses the same result_store")
     UPSTREAM_UNREACHABLE = (50200, 502, "the upstream service could not be reached; retry later")
     UNAVAILABLE = (50300, 503, "the service is temporarily unavailable; retry after the time in Retry-After")
     UPSTREAM_TIMEOUT = (50400, 504, "the upstream service did not answer in time; retry later")

@@ -6,6 +6,12 @@ The rule that keeps one tenant from opening the shared breaker for everyone:
 - a failure status (5xx) counts toward the calling tenant's own breaker, and toward
   the shared breaker only while at least two tenants have seen one within
   `window_sec`: one tenant's input making the backend fail is that tenant's problem;
+- but a status saying the upstream cannot serve now (502, 503, 504: "unavailable", not
+  "your request failed") is everyone's fault unless shown otherwise: it counts toward
+  the tenant's own breaker only while another tenant's call succeeded within
+  `window_sec`. A backend answering 503 to everyone (its store is down) is a shared
+  fault, never a tenant's, even while one tenant alone is calling: that tenant's submits
+  are then outboxed, not refused as its own;
 - a tenant whose requests alone keep failing gets its own open state (its own 503
   with Retry-After, listed in /admin/breakers) and nobody else notices.
 
@@ -33,6 +39,8 @@ from gateway.upstream import UpstreamError
 log = logging.getLogger("gateway.breaker")
 STATES = {"closed": 0, "half-open": 1, "open": 2}
 ANONYMOUS = "-"  # calls with no tenant (signed downloads) share one tenant's breaker
+# statuses in which the upstream (or a proxy in front of it) says it cannot serve now, whoever asks
+UNAVAILABLE = frozenset({502, 503, 504})
 _TRIALS: set[asyncio.Future[GatewayResponse]] = set()
 
 
@@ -82,9 +90,11 @@ class Breaker:
         self.tenant = tenant
         self.window_sec = window_sec
         self.trial_in_flight = False
-        # shared breaker only: each tenant's own breaker, and when each last saw a failure status
+        # shared breaker only: each tenant's own breaker, when each last saw a failure status, and when each
+        # last had an answer that was no failure
         self.tenants: dict[str, Breaker] = {}
         self._failing_since: dict[str, float] = {}
+        self._served_at: dict[str, float] = {}
 
     def trial_done(self, _: object = None) -> None:
         self.trial_in_flight = False
@@ -125,6 +135,18 @@ class Breaker:
             if now - seen > self.window_sec:
                 del self._failing_since[name]
         return len(self._failing_since)
+
+    def served(self, tenant: str) -> None:
+        """Note that `tenant` just had an answer that was no failure."""
+        self._served_at[tenant] = time.monotonic()
+
+    def served_another(self, tenant: str) -> bool:
+        """Whether a tenant other than `tenant` had an answer that was no failure within the window."""
+        now = time.monotonic()
+        for name, seen in list(self._served_at.items()):
+            if now - seen > self.window_sec:
+                del self._served_at[name]
+        return any(name != tenant for name in self._served_at)
 
     def admit(self) -> bool:
         """Refuse the call while open (or while another call is the trial); True when this call is the trial."""
@@ -226,14 +248,23 @@ async def _through(shared: Breaker, own: Breaker, call: Callable[[], Awaitable[G
     except Exception:
         shared.record(failed=True)
         raise
+    tenant = own.tenant or ANONYMOUS
     if resp.status in failure_statuses:
-        own.record(failed=True)
-        if shared.failing_tenants(own.tenant or ANONYMOUS) >= 2:
+        if tenant_at_fault(shared, tenant, resp.status):
+            own.record(failed=True)
+        if shared.failing_tenants(tenant) >= 2:
             shared.record(failed=True)
     else:
         own.record(failed=False)
         shared.record(failed=False)
+        shared.served(tenant)
     return resp
+
+
+def tenant_at_fault(shared: Breaker, tenant: str, status: int) -> bool:
+    """Whether a failure status is the calling tenant's own: any but an unavailable status is; an unavailable
+    one only while the upstream is seen serving another tenant (else it answers so to everyone)."""
+    return status not in UNAVAILABLE or shared.served_another(tenant)
 
 
 def _release_unclaimed(trial: asyncio.Future[GatewayResponse]) -> None:

@@ -2,7 +2,9 @@
 
 Redis, an S3-compatible store (moto in server mode), two backends, two gateways and nginx
 balancing the gateways. Every backend reads and writes one `s3://` result store, every gateway
-balances over both backends, and links point at the load balancer. Ctrl-C stops them all.
+balances over both backends, and links point at the load balancer. Each node is supervised: one
+that dies is started again after a backoff, alone, and the output says which; only Ctrl-C (or
+SIGTERM) stops them all. Each node's pid is in DATA_DIR/NAME.pid, its log in DATA_DIR/NAME.log.
 
 The topology is described once, in TOPOLOGY below. The same description makes compose.yaml
 (`python scripts/run_cluster.py compose > compose.yaml`; a test checks the file is current),
@@ -10,11 +12,13 @@ where each container runs `python scripts/run_cluster.py node NAME --hosts compo
 
     python scripts/run_cluster.py up            # all nodes here, until Ctrl-C
     python scripts/run_cluster.py node g1       # one node (what each container runs)
+    python scripts/run_cluster.py check g1      # exit 0 when the node serves (a container's healthcheck)
     python scripts/run_cluster.py compose       # compose.yaml, from the same topology
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -25,12 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 from typing import Any, Literal
+from urllib.parse import quote
 
 import redis
 import yaml
 from redis import exceptions as redis_errors
 
-from exports_common.supervise import stop_all, stop_on_sigterm, wait_for_any_exit
+from exports_common.supervise import Child, Supervisor, stop_on_sigterm
 
 ROOT = Path(__file__).resolve().parent.parent
 # shifts every local port, so a second cluster (a test's) can run beside `make cluster`
@@ -40,6 +45,13 @@ Hosts = Literal["local", "compose"]
 BUCKET = "exports"
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "cluster-access-key", "AWS_SECRET_ACCESS_KEY": "cluster-secret-key",
                   "AWS_REGION": "us-east-1"}
+# Redis always wants a password: without one, Redis 7 refuses every client but loopback ones (protected
+# mode), which is every other container. compose.yaml takes it from the environment, required.
+LOCAL_REDIS_PASSWORD = "cluster-redis-password"
+# moto keeps every object in memory until it is deleted: results expire after an hour (the shortest
+# task TTL the contract allows) rather than a day, so a long trial's memory stays bounded
+RESULT_TTL_SEC = 3600
+LOOPBACK = ["127.0.0.0/8", "::1/128"]
 
 
 @dataclass(frozen=True)
@@ -58,15 +70,15 @@ TRIAL = {"EXPORTS_DEV": "1"}
 
 def _backend(name: str, port: int) -> Node:
     return Node(name, "backend", port, {
-        "REDIS_URL": "redis://{redis}/0", "RESULT_STORE_URL": f"s3://{BUCKET}/results",
-        "AWS_ENDPOINT_URL": "http://{s3}", **S3_CREDENTIALS,
+        "REDIS_URL": "redis://:{redis_password}@{redis}/0", "RESULT_STORE_URL": f"s3://{BUCKET}/results",
+        "AWS_ENDPOINT_URL": "http://{s3}", **S3_CREDENTIALS, "TASK_TTL_SEC": str(RESULT_TTL_SEC),
         "BACKEND_DATA_DIR": f"{{data}}/{name}", "GATEWAY_PUBLIC_URL": "http://{lb}", **TRIAL,
     }, after=("redis", "s3"))
 
 
 def _gateway(name: str, port: int) -> Node:
     return Node(name, "gateway", port, {
-        "REDIS_URL": "redis://{redis}/0", "GATEWAY_PUBLIC_URL": "http://{lb}",
+        "REDIS_URL": "redis://:{redis_password}@{redis}/0", "GATEWAY_PUBLIC_URL": "http://{lb}",
         "GATEWAY_STATE_DIR": f"{{data}}/{name}", "BACKEND_URLS": "http://{b1},http://{b2}", **TRIAL,
     }, after=("redis", "b1", "b2"))
 
@@ -91,26 +103,69 @@ def address(name: str, hosts: Hosts) -> str:
     return f"{'127.0.0.1' if hosts == 'local' else name}:{port(name, hosts)}"
 
 
+def redis_password(hosts: Hosts) -> str:
+    if hosts == "local":
+        return os.environ.get("REDIS_PASSWORD") or LOCAL_REDIS_PASSWORD
+    password = os.environ.get("REDIS_PASSWORD", "")
+    if not password:
+        raise SystemExit("REDIS_PASSWORD is not set: compose.yaml passes it to every node")
+    return password
+
+
 def resolved_env(node: Node, hosts: Hosts) -> dict[str, str]:
     addresses = {name: address(name, hosts) for name in NODES}
-    return {key: value.format(data=DATA_DIR, **addresses) for key, value in node.env.items()}
+    secret = quote(redis_password(hosts), safe="")
+    return {key: value.format(data=DATA_DIR, redis_password=secret, **addresses) for key, value in node.env.items()}
 
 
-def _gateway_config(node: Node, env: dict[str, str], workdir: Path) -> Path:
+def _allow_loopback_callbacks(config: dict[str, Any], path: list[str]) -> None:
+    """A local trial's receivers listen on this machine: callbacks to loopback are allowed there."""
+    for key in path:
+        config = config.setdefault(key, {})
+    config["allow_networks"] = [*config.get("allow_networks", []), *LOOPBACK]
+
+
+def _gateway_config(node: Node, env: dict[str, str], hosts: Hosts, workdir: Path) -> Path:
     """config/gateway.yaml with the exports upstream balanced over every backend."""
     config = yaml.safe_load((ROOT / "config" / "gateway.yaml").read_text())
     exports = config["upstreams"]["exports"]
     exports.pop("url", None)
     exports["endpoints"] = env["BACKEND_URLS"].split(",")
     exports["balance"] = "least_requests"
+    if hosts == "local":
+        for route in config["routes"]:
+            for plugin in route.get("plugins", []):
+                if isinstance(plugin, dict) and "validate" in plugin:
+                    _allow_loopback_callbacks(plugin["validate"], ["callback"])
     path = workdir / f"{node.name}.gateway.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
 
-def _nginx_config(env: dict[str, str], workdir: Path, listen: str) -> Path:
+def _backend_config(node: Node, hosts: Hosts, workdir: Path) -> Path:
+    config = yaml.safe_load((ROOT / "config" / "backend.yaml").read_text())
+    if hosts == "local":
+        _allow_loopback_callbacks(config, ["callbacks"])
+    path = workdir / f"{node.name}.backend.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _redis_config(hosts: Hosts, workdir: Path, bind: str, node_port: str) -> Path:
+    """Its password in a file only its owner reads, not on a command line every user's `ps` shows."""
+    path = workdir / "redis.conf"
+    path.touch(mode=0o600)
+    path.write_text("\n".join([
+        f"port {node_port}", f"bind {bind}", 'save ""', "appendonly yes", "appendfsync everysec",
+        f"dir {workdir}", f"requirepass {json.dumps(redis_password(hosts))}", ""]))
+    return path
+
+
+def nginx_config(env: dict[str, str], workdir: Path, listen: str) -> Path:
     template = Template((ROOT / "deploy" / "nginx.conf.template").read_text())
-    servers = "".join(f"        server {g} max_fails=2 fail_timeout=5s;\n" for g in env["GATEWAYS"].split(","))
+    # a gateway that failed a request (connect error, or no answer within its location's read timeout)
+    # is left alone for fail_timeout; the request itself goes on to the other gateway where it may
+    servers = "".join(f"        server {g} max_fails=1 fail_timeout=10s;\n" for g in env["GATEWAYS"].split(","))
     path = workdir / "nginx.conf"
     path.write_text(template.substitute(listen=listen, servers=servers, workdir=workdir))
     return path
@@ -122,23 +177,24 @@ def command(node: Node, hosts: Hosts, workdir: Path) -> list[str]:
     env = resolved_env(node, hosts)
     node_port = str(port(node.name, hosts))
     if node.kind == "redis":
-        return ["redis-server", "--port", node_port, "--bind", bind, "--save", "", "--appendonly", "yes",
-                "--dir", str(workdir)]
+        return ["redis-server", str(_redis_config(hosts, workdir, bind, node_port))]
     if node.kind == "s3":
         return [sys.executable, "-m", "moto.server", "-H", bind, "-p", node_port]
     if node.kind == "backend":
-        return [sys.executable, "-m", "backend_stub", "run", "--config", "config/backend.yaml",
+        return [sys.executable, "-m", "backend_stub", "run", "--config", str(_backend_config(node, hosts, workdir)),
                 "--host", bind, "--port", node_port]
     if node.kind == "gateway":
-        return [sys.executable, "-m", "gateway", "run", "--config", str(_gateway_config(node, env, workdir)),
+        return [sys.executable, "-m", "gateway", "run", "--config", str(_gateway_config(node, env, hosts, workdir)),
                 "--host", bind, "--port", node_port]
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    return [nginx, "-e", "stderr", "-p", str(workdir), "-c", str(_nginx_config(env, workdir, f"{bind}:{node_port}"))]
+    return [nginx, "-e", "stderr", "-p", str(workdir), "-c", str(nginx_config(env, workdir, f"{bind}:{node_port}"))]
 
 
-def _ready(node: Node, hosts: Hosts) -> bool:
+def ready(node: Node, hosts: Hosts) -> bool:
+    """Whether the node serves: Redis answers PING (with its password), S3 its API, the others /healthz."""
     if node.kind == "redis":
-        client = redis.Redis.from_url(f"redis://{address(node.name, hosts)}/0")
+        url = f"redis://:{quote(redis_password(hosts), safe='')}@{address(node.name, hosts)}/0"
+        client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
         try:
             return bool(client.ping())
         finally:
@@ -154,16 +210,16 @@ def wait_ready(node: Node, hosts: Hosts, proc: subprocess.Popen[bytes] | None, t
         if proc is not None and proc.poll() is not None:
             raise SystemExit(f"{node.name}: exited with {proc.returncode}; see its log")
         try:
-            if _ready(node, hosts):
+            if ready(node, hosts):
                 return
-        except (OSError, redis_errors.ConnectionError):  # not up yet
+        except (OSError, redis_errors.RedisError):  # not up yet (a restarting Redis answers LOADING)
             pass
         time.sleep(0.2)
     raise SystemExit(f"{node.name} did not become ready within {timeout:.0f} s")
 
 
 def make_bucket(hosts: Hosts) -> None:
-    """The result store's bucket exists beforehand (moto accepts this unsigned create)."""
+    """The result store's bucket exists beforehand (moto accepts this unsigned create; again is no error)."""
     request = urllib.request.Request(f"http://{address('s3', hosts)}/{BUCKET}", method="PUT")
     urllib.request.urlopen(request, timeout=5).close()
 
@@ -175,28 +231,46 @@ def start_node(node: Node, hosts: Hosts, workdir: Path, log: Any = None) -> subp
     return subprocess.Popen(command(node, hosts, node_dir), cwd=ROOT, env=env, stdout=log, stderr=log)
 
 
+def _local_child(node: Node, workdir: Path) -> Child:
+    """A node of `make cluster`: appends to NAME.log, writes its pid to NAME.pid at every start."""
+
+    def start() -> subprocess.Popen[bytes]:
+        with open(workdir / f"{node.name}.log", "ab") as log:
+            proc = start_node(node, "local", workdir, log)
+        (workdir / f"{node.name}.pid").write_text(f"{proc.pid}\n")
+        return proc
+
+    # moto keeps nothing across a restart: its bucket is made again (the objects in it are gone)
+    after = (lambda: make_bucket("local")) if node.kind == "s3" else None
+    return Child(node.name, start, lambda: ready(node, "local"), after)
+
+
+def _say(line: str) -> None:
+    print(f"[cluster {time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
 def up(workdir: Path, on_ready: Any = None) -> int:
-    """Start every node in order, each once the ones before it answer; stop all on Ctrl-C or SIGTERM."""
+    """Start every node in order, each once the ones before it answer; then keep each running until Ctrl-C
+    or SIGTERM, which stop them all."""
     workdir.mkdir(parents=True, exist_ok=True)
-    started: list[subprocess.Popen[bytes]] = []
+    supervisor = Supervisor(_say)
     stop_on_sigterm()
     try:
         for node in TOPOLOGY:
-            with open(workdir / f"{node.name}.log", "ab") as log:
-                proc = start_node(node, "local", workdir, log)
-            started.append(proc)
+            child = _local_child(node, workdir)
+            proc = child.start()
+            supervisor.adopt(child, proc)
             wait_ready(node, "local", proc)
-            if node.kind == "s3":
-                make_bucket("local")
+            if child.on_ready is not None:
+                child.on_ready()
         print(banner(), flush=True)
         if on_ready is not None:
             on_ready()
-        wait_for_any_exit(started)
-        print("a node exited; stopping the cluster (logs in " + str(workdir) + ")", flush=True)
+        supervisor.run()
     except KeyboardInterrupt:
         pass
     finally:
-        stop_all(started)
+        supervisor.stop()
     return 0
 
 
@@ -210,26 +284,53 @@ def banner() -> str:
         "  DEV MODE (a local trial): the published demo keys and secrets are accepted; never expose it",
         "  demo API keys:  demo -> demo-key-change-me    demo2 -> demo2-key-change-me",
         f"  admin token:    {os.environ.get('GATEWAY_ADMIN_TOKEN', 'admin-change-me')} (on each gateway)",
-        f"  result store:   s3://{BUCKET}/results at http://{address('s3', 'local')}",
+        f"  result store:   s3://{BUCKET}/results at http://{address('s3', 'local')} (results kept "
+        f"{RESULT_TTL_SEC // 3600} h: moto holds every object in memory)",
+        "  callbacks:      receivers on this machine (127.0.0.1) are allowed, as in any local trial",
         "", f"Try: curl -s -X POST {lb}/api/v1/exports -H 'Authorization: Bearer demo-key-change-me' "
         "-H 'Content-Type: application/json' -d '{\"export_type\": \"report_export\"}'",
-        "Ctrl-C stops them all.", ""])
+        "", "A node that dies is started again after a backoff (1 s, doubling to 30 s); lines starting",
+        "[cluster] name it. Its pid is in NAME.pid beside its log. Ctrl-C stops them all.", ""])
+
+
+REDIS_VOLUME = "redis-data"
+HEALTHCHECK = {"interval": "5s", "timeout": "3s", "retries": 5, "start_period": "60s"}
 
 
 def compose() -> dict[str, Any]:
-    """compose.yaml: one service per node, all from the project's image, each running its node."""
+    """compose.yaml: one service per node, all from the project's image, each running its node.
+
+    Each is restarted when it dies and checked by the same readiness test `make cluster` waits on;
+    a node starts once the nodes it needs are healthy. Redis wants REDIS_PASSWORD (compose refuses to
+    start without it) and keeps its append-only file in a volume.
+    """
     services: dict[str, Any] = {}
     for node in TOPOLOGY:
         service: dict[str, Any] = {
             "build": ".", "image": "export-gateway:local",
             "command": ["python", "scripts/run_cluster.py", "node", node.name, "--hosts", "compose"],
+            "environment": {"REDIS_PASSWORD": "${REDIS_PASSWORD:?set REDIS_PASSWORD to a long random string}"},
+            "restart": "unless-stopped",
+            "healthcheck": {"test": ["CMD", "python", "scripts/run_cluster.py", "check", node.name, "--hosts",
+                                     "compose"], **HEALTHCHECK},
         }
         if node.after:
-            service["depends_on"] = list(node.after)
+            service["depends_on"] = {name: {"condition": "service_healthy"} for name in node.after}
+        if node.kind == "redis":
+            service["volumes"] = [f"{REDIS_VOLUME}:/app/.data/cluster/{node.name}"]
         if node.kind == "lb":
             service["ports"] = [f"{node.port}:{node.port}"]
         services[node.name] = service
-    return {"name": "export-gateway", "services": services}
+    return {"name": "export-gateway", "services": services, "volumes": {REDIS_VOLUME: {}}}
+
+
+def check(name: str, hosts: Hosts) -> int:
+    """0 when the node serves, 1 otherwise (a container's healthcheck)."""
+    try:
+        return 0 if ready(NODES[name], hosts) else 1
+    except (OSError, redis_errors.RedisError) as exc:
+        print(f"{name} does not serve: {exc}", file=sys.stderr)
+        return 1
 
 
 def node_main(name: str, hosts: Hosts) -> int:
@@ -256,6 +357,9 @@ def main() -> int:
     one = sub.add_parser("node", help="run one node in the foreground")
     one.add_argument("name", choices=list(NODES))
     one.add_argument("--hosts", choices=["local", "compose"], default="local")
+    probe = sub.add_parser("check", help="exit 0 when the node serves")
+    probe.add_argument("name", choices=list(NODES))
+    probe.add_argument("--hosts", choices=["local", "compose"], default="local")
     sub.add_parser("compose", help="print compose.yaml")
     args = parser.parse_args()
     if args.what == "compose":
@@ -264,6 +368,8 @@ def main() -> int:
         return 0
     if args.what == "node":
         return node_main(args.name, args.hosts)
+    if args.what == "check":
+        return check(args.name, args.hosts)
     return up(DATA_DIR)
 
 

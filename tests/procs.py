@@ -237,24 +237,29 @@ def _cluster_port() -> int:
 
 
 class RedisClusterServers:
-    """A private Redis Cluster: `size` redis-server processes in cluster mode, every slot assigned, no replicas.
+    """A private Redis Cluster: `size` primaries in cluster mode, every slot assigned, each with `replicas` replicas.
 
     `url` is what the processes are given (`redis+cluster://` and one node: the client
-    finds the others). Started and joined in about a second.
+    finds the others). Started and joined in about a second. With replicas, a node is
+    judged failed after `node_timeout_ms` (1 s here, 15 s by Redis's default) and its
+    replica is promoted: `kill` a primary, then `wait_failover`.
     """
 
-    def __init__(self, workdir: Path, size: int = 3) -> None:
+    def __init__(self, workdir: Path, size: int = 3, replicas: int = 0, node_timeout_ms: int = 1000) -> None:
         self.workdir = workdir
-        self.ports = [_cluster_port() for _ in range(size)]
+        self.replicas = replicas
+        self.node_timeout_ms = node_timeout_ms
+        self.ports = [_cluster_port() for _ in range(size * (1 + replicas))]
         self.url = f"redis+cluster://127.0.0.1:{self.ports[0]}"
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def _spawn(self, port: int) -> subprocess.Popen[bytes]:
         # the node's identity and slots live in its nodes-<port>.conf: a restarted node takes them back
+        timeout = ["--cluster-node-timeout", str(self.node_timeout_ms)] if self.replicas else []
         proc = subprocess.Popen(
             ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
              "--cluster-config-file", f"nodes-{port}.conf", "--appendonly", "no", "--save", "",
-             "--dir", str(self.workdir)],
+             "--dir", str(self.workdir), *timeout],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(functools.partial(self._ask, port, "ping"), 10, what=f"redis-server :{port} to answer")
         return proc
@@ -262,13 +267,36 @@ class RedisClusterServers:
     def start(self) -> RedisClusterServers:
         self.procs = [self._spawn(port) for port in self.ports]
         subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
-                        "--cluster-replicas", "0", "--cluster-yes"],
+                        "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=30)
         wait_until(self._ok, 15, what="every node to report cluster_state:ok")
+        if self.replicas:  # and every replica has synced with its primary, so a failover loses nothing
+            wait_until(self._replicas_synced, 15, what="every replica to sync with its primary")
         return self
 
+    def _live_ports(self) -> list[int]:
+        return [port for port, proc in zip(self.ports, self.procs, strict=True) if proc.poll() is None]
+
     def _ok(self) -> bool:
-        return all(self._ask(port, "cluster", "info")["cluster_state"] == "ok" for port in self.ports)
+        return all(self._ask(port, "cluster", "info")["cluster_state"] == "ok" for port in self._live_ports())
+
+    def _replicas_synced(self) -> bool:
+        for port in self._live_ports():
+            info = self._ask(port, "info", "replication")
+            if info["role"] == "slave" and info.get("master_link_status") != "up":
+                return False
+        return True
+
+    def primaries(self) -> list[int]:
+        return [port for port in self._live_ports() if self._ask(port, "info", "replication")["role"] == "master"]
+
+    def wait_failover(self, key: str, dead: int, timeout: float = 30.0) -> int:
+        """Wait until a live node serves `key`'s slot (its replica was promoted) and the cluster is ok; its port."""
+        def promoted() -> int | None:
+            owner = self.owner(key)
+            return owner if owner != dead and self._ok() else None
+
+        return int(wait_until(promoted, timeout, interval=0.1, what=f"a replica to take over {key}'s slot"))
 
     def _ask(self, port: int, command: str, *args: Any) -> Any:
         """One command to one node, on a plain connection (a node answers for its own slots only)."""
@@ -281,11 +309,11 @@ class RedisClusterServers:
         """The port of the node serving `key`'s slot."""
         import redis
 
-        for port in self.ports:
+        for port in self._live_ports():
             try:
                 self._ask(port, "exists", key)
                 return port
-            except redis.ResponseError:  # MOVED: another node serves it
+            except (redis.ResponseError, redis.ConnectionError):  # MOVED: another node serves it (or none yet)
                 continue
         raise LookupError(f"no node serves {key}")
 
@@ -300,8 +328,8 @@ class RedisClusterServers:
         wait_until(self._ok, 30, what="the cluster to be whole again")
 
     def keys(self) -> dict[int, list[str]]:
-        """Every node's keys, by port."""
-        return {port: sorted(self._ask(port, "keys", "*")) for port in self.ports}
+        """Every primary's keys, by port."""
+        return {port: sorted(self._ask(port, "keys", "*")) for port in self.primaries()}
 
     def slot(self, key: str) -> int:
         return int(self._ask(self.ports[0], "cluster", "keyslot", key))

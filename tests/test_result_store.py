@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -111,8 +112,8 @@ def test_a_missing_object_of_a_live_task_is_not_called_expired(cluster: Cluster)
     cluster.s3.delete(f"{PREFIX}/{task_id}.csv")
     for backend in cluster.backends:
         resp = httpx.get(f"{backend.url}/exports/{task_id}/file", headers={"X-Tenant-Id": "demo"}, timeout=10)
-        body = assert_envelope_error(resp, 500, 50001)
-        assert "missing" in body["message"] and "has not expired" in body["message"]
+        body = assert_envelope_error(resp, 410, 41002)
+        assert "no longer in the result store" in body["message"] and "has not expired" in body["message"]
     assert backend_task(cluster.backends[0].url, task_id)["status"] == "COMPLETED"
 
 
@@ -152,6 +153,34 @@ def test_an_s3_outage_answers_503_with_retry_after_and_keeps_the_task(
         after = backend_task(backend.url, task_id)
         assert after["status"] == "COMPLETED" and after["result"] == done["result"] | {
             "download_url": after["result"]["download_url"]}
+    finally:
+        s3.stop()
+        redis.stop()
+
+
+def test_an_s3_outage_during_uploads_is_waited_out_without_spending_attempts_until_the_timeout(
+        services: Callable[..., Service], tmp_path: Path) -> None:
+    redis = RedisServer(tmp_path).start()
+    s3 = S3Server(tmp_path).start()
+    try:
+        backend = _s3_backend(services, tmp_path, "b", redis.url, s3)
+        s3.kill()
+        # report_export has max_attempts 2: were each failed upload an attempt, both would be FAILED in seconds
+        waits = backend_create(backend.url, {"export_type": "report_export", "timeout_sec": 120}, tenant="demo")
+        gives_up = backend_create(backend.url, {"export_type": "report_export", "timeout_sec": 5}, tenant="demo")
+        waiting, timed_out = (str(r.json()["data"]["task_id"]) for r in (waits, gives_up))
+        ended = wait_status(backend.url, timed_out, timeout=30, headers={"X-Tenant-Id": "demo"})
+        assert ended["status"] == "TIMEOUT" and ended["attempt"] == 1, ended
+        assert ended["error"]["retryable"] and "result store" in ended["error"]["message"], ended["error"]
+        still = backend_task(backend.url, waiting)
+        assert (still["status"], still["attempt"], still["current_step"]) == ("RUNNING", 1, "store"), still
+
+        s3.start()  # back (empty, as moto is after a restart, with its bucket made again)
+        done = wait_status(backend.url, waiting, timeout=60, headers={"X-Tenant-Id": "demo"})
+        assert (done["status"], done["attempt"], done["error"]) == ("COMPLETED", 1, None), done
+        assert s3.object_keys() == [f"{PREFIX}/{waiting}.csv"]
+        metrics = httpx.get(f"{backend.url}/metrics", timeout=10).text
+        assert re.search(r"^backend_result_store_retries_total [1-9]", metrics, re.M), metrics
     finally:
         s3.stop()
         redis.stop()

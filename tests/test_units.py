@@ -183,6 +183,40 @@ async def test_one_tenants_failure_statuses_open_its_own_breaker_two_tenants_ope
     assert breaker.state == "open"
 
 
+async def test_a_backend_answering_503_to_everyone_is_a_shared_fault_not_the_one_calling_tenants() -> None:
+    metrics, _ = telemetry.setup("test", TracingConfig())
+    breaker = Breaker("u", fail_max=3, reset_timeout=30, metrics=metrics)
+    statuses = frozenset({500, 502, 503, 504})
+
+    async def unavailable_() -> GatewayResponse:
+        return GatewayResponse(503)
+
+    async def fine() -> GatewayResponse:
+        return GatewayResponse(200)
+
+    # one tenant alone meets a backend whose store is down: its answers pass on (the outbox takes a
+    # submit's), and neither its own breaker nor the shared one opens on one tenant's evidence
+    for _ in range(10):
+        assert (await guarded(breaker, unavailable_, statuses, "a")).status == 503
+    assert breaker.state == "closed" and "a" not in breaker.describe()["tenants"]  # type: ignore[operator]
+    # a second tenant sees it too: the upstream is unwell for everyone, and the shared breaker opens
+    for _ in range(3):
+        await guarded(breaker, unavailable_, statuses, "b")
+    assert breaker.state == "open"
+    with pytest.raises(UpstreamError) as refused:  # the upstream's refusal: degradation (outbox, stale) applies
+        await guarded(breaker, fine, statuses, "a")
+    assert refused.value.kind == "circuit_open"
+
+    # while another tenant is served, the same 503s to one tenant are that tenant's own
+    other = Breaker("v", fail_max=3, reset_timeout=30, metrics=metrics)
+    assert (await guarded(other, fine, statuses, "b")).status == 200
+    for _ in range(3):
+        await guarded(other, unavailable_, statuses, "a")
+    with pytest.raises(ApiError) as own:
+        await guarded(other, fine, statuses, "a")
+    assert own.value.data == {"reason": "tenant_circuit_open"} and other.state == "closed"
+
+
 # -- the task contract ------------------------------------------------------------------------------
 
 

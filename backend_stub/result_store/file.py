@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import BinaryIO
 
-from backend_stub.result_store.base import ObjectMissing, ResultStore
+from backend_stub.result_store.base import ObjectMissing, ResultStore, StoreUnavailable
 
 CHUNK = 256 * 1024
 
@@ -21,7 +21,10 @@ class FileResultStore(ResultStore):
 
     async def publish(self, source: Path, key: str) -> None:
         # atomic on one file system; across file systems it is a copy, still never seen half-written
-        await asyncio.to_thread(_move, source, self.root / key)
+        try:
+            await asyncio.to_thread(_move, source, self.root / key)
+        except OSError as exc:  # the store's file system is full or failing: worth another try later
+            raise StoreUnavailable(f"storing {key} failed: {exc.strerror or type(exc).__name__}") from exc
 
     async def read(self, key: str, start: int, end: int) -> AsyncIterator[bytes]:
         try:

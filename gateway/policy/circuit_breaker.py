@@ -13,8 +13,9 @@ request goes through (the others are refused at once) and its success closes it.
 Connect errors, timeouts and resets count toward the shared breaker. A listed
 status counts toward the calling tenant's own breaker, and toward the shared one
 only while at least two tenants see such statuses within `window_sec`: one tenant
-cannot open the breaker for everyone. A 4xx never counts, and neither does a client
-that goes away. The breaker is the innermost part of the route's upstream call:
+cannot open the breaker for everyone. An unavailable status (502, 503, 504) is the
+tenant's own only while another tenant is being served (gateway/breakers.py). A 4xx
+never counts, and neither does a client that goes away. The breaker is the innermost part of the route's upstream call:
 each try is one call it judges.
 """
 from __future__ import annotations
