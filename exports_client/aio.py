@@ -29,11 +29,12 @@ class AsyncExportsClient:
                  retries: int = 3, transport: httpx.AsyncBaseTransport | None = None,
                  clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, streams: bool = True) -> None:
         self.base_url, api_key = core.resolve(base_url, api_key)
         rng = rng or random.Random()
         self._ctx = flows.Context(self.base_url, api_key, core.RetryPolicy(retries=retries, rng=rng), rng, clock)
         self._sleep = sleep
+        self._streams = streams  # False: wait polls the status route, never opening an event stream
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport,
                                        headers={"User-Agent": core.USER_AGENT})
 
@@ -127,12 +128,12 @@ class AsyncExportsClient:
 
     async def wait(self, task_id_or_token: str, *, max_wait: float = 300,
                    on_progress: ProgressCallback | None = None) -> Task:
-        return await self._run(flows.wait(self._ctx, task_id_or_token, max_wait), on_progress)
+        return await self._run(flows.wait(self._ctx, task_id_or_token, max_wait, self._streams), on_progress)
 
     async def watch(self, task_id: str, *, max_wait: float = 3600) -> AsyncIterator[Task]:
         """Each state of the task as it changes, from its current one to its terminal one (then it stops)."""
         result: list[Task] = []
-        async for task in self._steps(flows.wait(self._ctx, task_id, max_wait), result):
+        async for task in self._steps(flows.wait(self._ctx, task_id, max_wait, self._streams), result):
             yield task
         yield result[0]
 

@@ -24,6 +24,8 @@ class ExportsClient:
 
     `clock`, `sleep` and `rng` are injectable so the timing policy can run on a
     simulated clock; `transport` takes any httpx transport (a test double, a proxy).
+    `streams=False` makes `wait` and `watch` poll instead of following the task's event
+    stream (for a network that cuts long answers).
     """
 
     verify_webhook = staticmethod(verify_webhook)
@@ -31,11 +33,12 @@ class ExportsClient:
     def __init__(self, base_url: str | None = None, api_key: str | None = None, *, timeout: float = 10.0,
                  retries: int = 3, transport: httpx.BaseTransport | None = None,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, streams: bool = True) -> None:
         self.base_url, api_key = core.resolve(base_url, api_key)
         rng = rng or random.Random()
         self._ctx = flows.Context(self.base_url, api_key, core.RetryPolicy(retries=retries, rng=rng), rng, clock)
         self._sleep = sleep
+        self._streams = streams  # False: wait polls the status route, never opening an event stream
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport,
                                   headers={"User-Agent": core.USER_AGENT})
 
@@ -134,11 +137,11 @@ class ExportsClient:
              on_progress: ProgressCallback | None = None) -> Task:
         """Follow the task's event stream (polling where streams are not served) until it is terminal; after
         `max_wait` s raise WaitTimeout (its token resumes here, by polling)."""
-        return self._run(flows.wait(self._ctx, task_id_or_token, max_wait), on_progress)
+        return self._run(flows.wait(self._ctx, task_id_or_token, max_wait, self._streams), on_progress)
 
     def watch(self, task_id: str, *, max_wait: float = 3600) -> Iterator[Task]:
         """Each state of the task as it changes, from its current one to its terminal one (then it stops)."""
-        final = yield from self._steps(flows.wait(self._ctx, task_id, max_wait))
+        final = yield from self._steps(flows.wait(self._ctx, task_id, max_wait, self._streams))
         yield final
 
     def download(self, task_id_or_task: str | Task, dest: core.Dest, *, resume: bool = True,

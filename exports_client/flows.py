@@ -155,7 +155,7 @@ def follow(ctx: Context, plan: polling.PollPlan, started: float) -> Flow[Task | 
         headers = {"Accept": core.EVENT_STREAM, **({"Last-Event-ID": last_id} if last_id else {})}
         try:
             resp = yield OpenEvents(core.task_path(plan.task_id, "/events"), headers,
-                                    min(STREAM_READ_TIMEOUT_SEC, remaining + 1.0))
+                                    min(STREAM_READ_TIMEOUT_SEC, remaining + 0.1))
         except core.TRANSPORT_ERRORS:
             resp = None
         if isinstance(resp, httpx.Response) and not core.is_event_stream(resp):
@@ -172,6 +172,8 @@ def follow(ctx: Context, plan: polling.PollPlan, started: float) -> Flow[Task | 
                     item = yield NextEvent(plan.deadline)
                     if item is None:
                         break
+                    if ctx.clock() >= plan.deadline:
+                        raise WaitTimeout(plan.last, plan.token(), ctx.clock() - started)
                     if not isinstance(item, sse.Event) or item.event != "status":
                         continue
                     breaks, last_id = 0, item.id or last_id
