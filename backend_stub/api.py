@@ -13,20 +13,21 @@ from starlette.routing import Route
 
 from backend_stub import lifecycle, tracing
 from backend_stub.byte_range import requested_range
+from backend_stub.compression import MEDIA_TYPES
 from backend_stub.config import BackendConfig
 from backend_stub.files import ResultFiles
-from backend_stub.filters import filters_schema
+from backend_stub.formats import FORMATS
 from backend_stub.http_fault import RequestCounter
 from backend_stub.models import Task
 from backend_stub.result_store import (
     ObjectMissing,
     ResultStore,
     StoreUnavailable,
-    object_key,
 )
 from backend_stub.store import TaskStore
 from backend_stub.submission import parse_active_quota, parse_rerun, parse_submission
-from exports_common.contract import DeliveryState, ExportType, Format, Status
+from backend_stub.type_view import estimated_sec, public_type
+from exports_common.contract import DeliveryState, Status
 from exports_common.envelope import ok
 from exports_common.errors import ApiError, ErrorKind, unavailable, validation_error
 from exports_common.json_body import parse_json, read_limited
@@ -63,18 +64,15 @@ class BackendApi:
                    "requests": self.counter.requests})
 
     async def export_types(self, request: Request) -> Response:
-        items = [ExportType(export_type=name, filters_schema=filters_schema(spec.filters), formats=list(Format),
-                            max_attempts=spec.max_attempts, estimated_completion_sec=self._estimate_sec(name))
-                 .model_dump(mode="json") for name, spec in self.config.export_types.items()]
-        return ok({"items": items})
+        return ok({"items": [public_type(name, spec) for name, spec in self.config.export_types.items()]})
 
     async def _json(self, request: Request) -> Any:
         body = await read_limited(request.stream(), self.config.max_body_bytes, request.headers.get("content-length"))
         return parse_json(body, request.headers.get("content-type"))
 
-    def _estimate_sec(self, export_type: str) -> int:
-        spec = self.config.export_types[export_type]
-        return max(1, round(spec.rows / spec.estimated_rows_per_sec + spec.fault.delay_sec))
+    def _estimate_sec(self, export_type: str) -> int | None:
+        spec = self.config.export_types.get(export_type)
+        return estimated_sec(spec) if spec is not None else None
 
     async def create(self, request: Request) -> Response:
         task_id = request.headers.get("x-task-id", "")
@@ -90,6 +88,7 @@ class BackendApi:
         task = Task(
             task_id=task_id, tenant=tenant, export_type=submission.export_type, filters=submission.filters,
             format=submission.format, timeout_sec=submission.timeout_sec, callback_url=submission.callback_url,
+            compression=self.config.export_types[submission.export_type].compression,
             fingerprint=submission.fingerprint(tenant), created_at=now, updated_at=now,
             callback=None if submission.callback_url is None else {"state": DeliveryState.PENDING, "attempts": 0,
                                                                    "last_error": None},
@@ -142,7 +141,7 @@ class BackendApi:
 
     async def retry(self, request: Request) -> Response:
         task = await self._visible(request)
-        expected, overrides = parse_rerun(await self._json(request), self.config)
+        expected, overrides = parse_rerun(await self._json(request), self.config, task.export_type)
         overrides["extra"] = dict(task.extra, **tracing.extra(request.headers.get("traceparent"), "rerun_traceparent"))
         updated, changed = await self.store.update(task.task_id, lifecycle.rerun(expected, overrides), enqueue=True)
         if updated is None:
@@ -154,7 +153,7 @@ class BackendApi:
             raise ApiError(ErrorKind.NOT_RETRYABLE, f"a {updated.status} task cannot be re-run", data=updated.public())
         self.files.remove_partials(task.task_id)
         try:  # only TIMEOUT or FAILED tasks re-run, so there is rarely an object; the new attempt overwrites it
-            await self.results.delete(object_key(task.task_id, task.format))
+            await self.results.delete(task.result_key)
         except StoreUnavailable as exc:
             log.warning("could not delete the old result before a re-run", extra={"error": str(exc)})
         return ok(updated.public())
@@ -178,14 +177,14 @@ class BackendApi:
             raise ApiError(ErrorKind.FILE_GONE)
         if task.status != Status.COMPLETED or task.result is None:
             raise ApiError(ErrorKind.TASK_NOT_FOUND, "the task has no result file (not COMPLETED)")
-        key = object_key(task.task_id, task.format)
+        key = task.result_key
         if request.method == "GET" and self.config.download_redirect.ttl_sec:
             location = await self._presigned(task, key)
             if location is not None:  # the URL is a credential: no cache may keep it
                 return Response(status_code=307, headers={"Location": location, "Cache-Control": "no-store"})
         size = int(task.result["bytes"])
         headers = {"Accept-Ranges": "bytes", "Content-Disposition": f'attachment; filename="{key}"'}
-        media = Format(task.format).media_type
+        media = _media_type(task)
         span = requested_range(request.headers.get("range"), size)
         first, last = span or (0, size - 1)
         headers["Content-Length"] = str(last - first + 1)
@@ -213,6 +212,13 @@ class BackendApi:
         except StoreUnavailable as exc:
             log.warning("could not sign a store URL", extra={"key": key, "error": str(exc)})
             raise unavailable("the result store cannot be reached", STORE_RETRY_AFTER_SEC) from None
+
+
+def _media_type(task: Task) -> str:
+    if task.compression:
+        return MEDIA_TYPES[task.compression]
+    written = FORMATS.get(task.format)
+    return written.media_type if written is not None else "application/octet-stream"
 
 
 def _expired(task: Task) -> bool:

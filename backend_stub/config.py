@@ -4,33 +4,25 @@ from __future__ import annotations
 import base64
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
-from backend_stub.datasets import DATASETS
+from backend_stub.compression import Compression
+from backend_stub.config_model import Strict
+from backend_stub.filters import FilterSpec
+from backend_stub.formats import FORMATS
+from backend_stub.sources import SourceConfig
 from exports_common import dev_mode
 from exports_common.connection_limits import ConnectionLimits
 from exports_common.contract import DOWNLOAD_PATH
 from exports_common.otel import TracingConfig
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class FilterSpec(Strict):
-    """One filter a client may send: its type, and the column it tests."""
-
-    type: Literal["string", "integer", "number", "date", "enum"]
-    column: str
-    op: Literal["eq", "gte", "lte"] = "eq"
-    values: list[str] | None = Field(None, description="allowed values, for type enum")
-    multiple: bool = Field(False, description="enum only: the client may send a list, matching any of it")
-
-    @model_validator(mode="after")
-    def _enum_has_values(self) -> FilterSpec:
-        if self.type == "enum" and not self.values:
-            raise ValueError("an enum filter needs a non-empty 'values' list")
-        return self
 
 
 class FaultConfig(Strict):
@@ -119,23 +111,64 @@ class DownloadRedirectConfig(Strict):
         "the store's endpoint as clients reach it, if not AWS_ENDPOINT_URL (empty: that, or AWS's own)"))
 
 
+def _offered_format(name: str) -> str:
+    if name not in FORMATS:
+        raise ValueError(f"unknown format {name!r}; this backend writes {', '.join(FORMATS)}")
+    return name
+
+
+OfferedFormat = Annotated[str, AfterValidator(_offered_format),
+                          WithJsonSchema({"type": "string", "enum": list(FORMATS)})]
+FLAT_SHAPE_KEYS = ("dataset", "rows", "seed")
+
+
 class ExportTypeConfig(Strict):
-    dataset: str
-    rows: int = Field(100_000, ge=1, le=100_000_000, description="size of the generated data set")
-    seed: int = 1
+    """One export type: where its rows come from (`source`), what a client may filter and which files it gets."""
+
+    source: SourceConfig
+    filters: dict[str, FilterSpec] = Field(default_factory=dict)
+    formats: list[OfferedFormat] = Field(["csv"], min_length=1, description=(
+        "the formats a submit may ask for; the first is what a submit naming none gets"))
+    compression: Compression | None = Field(None, description=(
+        "gzip: files stored and served compressed (<task_id>.csv.gz, application/gzip)"))
+    max_rows: int | None = Field(None, ge=1, description="an export with more rows FAILS (not retryable)")
+    max_bytes: int | None = Field(None, ge=1, description="an export whose stored file is larger FAILS (not retryable)")
+    csv_escape_formulas: bool = Field(False, description=(
+        "CSV: a text cell starting with =, +, - or @ gets a leading ' so spreadsheets do not run it"))
     max_attempts: int = Field(3, ge=1, le=20)
     estimated_rows_per_sec: int = Field(400_000, ge=1)
-    filters: dict[str, FilterSpec] = Field(default_factory=dict)
     fault: FaultConfig = Field(default_factory=FaultConfig)
+    _flat_shape: bool = PrivateAttr(False)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _old_flat_shape(cls, data: Any, handler: ModelWrapValidatorHandler[ExportTypeConfig]) -> ExportTypeConfig:
+        """The shape before sources: `dataset`, `rows` and `seed` at the type's top level, a synthetic source."""
+        flat = isinstance(data, dict) and any(key in data for key in FLAT_SHAPE_KEYS)
+        if flat and "source" in data:
+            raise ValueError("dataset, rows and seed belong inside source: {kind: synthetic, ...}, not beside it")
+        if flat:  # every type offered both formats then: so it still does, unless it lists its own
+            data = {"formats": ["csv", "jsonl"]} | {key: value for key, value in data.items()
+                                                     if key not in FLAT_SHAPE_KEYS} | {
+                "source": {"kind": "synthetic", **{key: data[key] for key in FLAT_SHAPE_KEYS if key in data}}}
+        model = handler(data)
+        model._flat_shape = flat
+        return model
+
+    @property
+    def flat_shape(self) -> bool:
+        return self._flat_shape
 
     @model_validator(mode="after")
-    def _columns_exist(self) -> ExportTypeConfig:
-        if self.dataset not in DATASETS:
-            raise ValueError(f"unknown dataset {self.dataset!r}; known: {sorted(DATASETS)}")
-        columns = DATASETS[self.dataset].columns
-        for name, spec in self.filters.items():
-            if spec.column not in columns:
-                raise ValueError(f"filter {name!r}: dataset {self.dataset!r} has no column {spec.column!r}")
+    def _consistent(self) -> ExportTypeConfig:
+        if len(set(self.formats)) < len(self.formats):
+            raise ValueError(f"formats lists a format twice: {self.formats}")
+        columns = self.source.known_columns()
+        if columns is not None:
+            for name, spec in self.filters.items():
+                if spec.column not in columns:
+                    raise ValueError(f"filter {name!r}: the source has no column {spec.column!r} "
+                                     f"(its columns: {', '.join(columns)})")
         return self
 
 
@@ -195,6 +228,14 @@ class BackendConfig(Strict):
         default_factory=lambda: DownloadLinkConfig(secrets=[dev_mode.DEV_SIGNING_SECRET]))
     export_types: dict[str, ExportTypeConfig]
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+
+    def load_warnings(self) -> list[str]:
+        """What loads but should be written otherwise: one sentence each, naming the new way."""
+        flat = [name for name, spec in self.export_types.items() if spec.flat_shape]
+        if not flat:
+            return []
+        return [f"export_types {', '.join(flat)}: dataset, rows and seed at the type's top level is the old flat "
+                f"shape; write them as source: {{kind: synthetic, dataset: ..., rows: ..., seed: ...}}"]
 
     def unsafe_defaults(self) -> list[str]:
         """What makes this config unfit outside dev mode, each with what to set instead."""

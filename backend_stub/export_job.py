@@ -1,36 +1,31 @@
-"""One export attempt, run in a worker thread: query the data set, render CSV or JSONL, store the file.
+"""One export attempt, run in a worker thread: rows from the type's source, through its format's writer, stored.
 
-It streams chunk by chunk, so memory stays flat whatever the row count, and it
-checks its stop flag between chunks: those are the safe points where a cancel or
-a timeout takes effect. Whatever stops it early, the partial file is removed.
+Any source is driven the same way: opened with the attempt's context, read batch by
+batch into the writer, so memory stays flat whatever the row count. Between two
+batches are the safe points: a cancel, the task's deadline, `max_rows` and
+`max_bytes` take effect there. Progress is 5 + 90 * rows written / the source's
+estimate (or what the source reports itself), at most 95 until the file is stored.
+Whatever stops the attempt early, its partial file is removed.
 """
 from __future__ import annotations
 
-import csv
-import json
-import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from backend_stub.config import ExportTypeConfig
-from backend_stub.datasets import DATASETS, Row
-from backend_stub.filters import compile_filters
+from backend_stub.failures import Cancelled, DeadlineReached, PermanentFailure, TransientFailure
+from backend_stub.formats import FORMATS, WriteOptions
+from backend_stub.models import Task
+from backend_stub.part_file import PartFile
 from backend_stub.result_store import StoreUnavailable
-from exports_common.contract import Format
+from backend_stub.sources import Batch
 
-CHUNK_ROWS = 5_000
-
-
-class Cancelled(Exception):
-    """The job was told to stop (cancel, timeout, or lost lease)."""
-
-
-class TransientFailure(Exception):
-    """A failure worth another attempt (injected by the fault settings)."""
+RUNNING_MAX_PROGRESS = 95  # until the file is stored
+STORED_PROGRESS = 99  # COMPLETED is 100
 
 
 @dataclass(frozen=True)
@@ -39,43 +34,55 @@ class JobResult:
     bytes: int
 
 
-Write = Callable[[list[Row]], Any]
+class AttemptContext:
+    """The `SourceContext` of one attempt; its step and progress are what the worker reports for the task."""
 
+    def __init__(self, task: Task, deadline: float, stop: threading.Event) -> None:
+        self.filters: Mapping[str, Any] = task.filters
+        self.tenant = task.tenant
+        self.task_id = task.task_id
+        self.attempt = task.attempt
+        self.deadline = deadline
+        self.step = "query"
+        self.progress = 0
+        self._stop = stop
 
-def _csv(out: TextIO, columns: tuple[str, ...]) -> Write:
-    writer = csv.writer(out)
-    writer.writerow(columns)
-    return writer.writerows
+    def cancelled(self) -> bool:
+        return self._stop.is_set() or time.monotonic() >= self.deadline
 
+    def set_step(self, step: str) -> None:
+        self.step = str(step)
 
-def _jsonl(out: TextIO, columns: tuple[str, ...]) -> Write:
-    dumps = json.JSONEncoder(separators=(",", ":")).encode
-    return lambda chunk: out.write("".join(dumps(dict(zip(columns, row, strict=False))) + "\n" for row in chunk))
-
-
-# one writer per format of the contract (a test checks none is missing)
-WRITERS: dict[Format, Callable[[TextIO, tuple[str, ...]], Write]] = {Format.CSV: _csv, Format.JSONL: _jsonl}
+    def set_progress(self, percent: int) -> None:
+        self.progress = max(self.progress, min(RUNNING_MAX_PROGRESS, int(percent)))
 
 
 class ExportJob:
     def __init__(
         self,
         spec: ExportTypeConfig,
-        filters: dict[str, Any],
-        fmt: str,
+        task: Task,
+        deadline: float,
         part_path: Path,
         publish: Callable[[Path], None],
         fail_transiently: bool = False,
     ) -> None:
+        """`deadline`: when the task times out, on the monotonic clock."""
         self.spec = spec
-        self.filters = filters
-        self.fmt = fmt
+        self.task = task
         self.part_path = part_path
         self.publish = publish
         self.fail_transiently = fail_transiently
-        self.step = "query"
-        self.progress = 0
         self._stop = threading.Event()
+        self.ctx = AttemptContext(task, deadline, self._stop)
+
+    @property
+    def step(self) -> str:
+        return self.ctx.step
+
+    @property
+    def progress(self) -> int:
+        return self.ctx.progress
 
     def cancel(self) -> None:
         self._stop.set()
@@ -87,39 +94,67 @@ class ExportJob:
             self.part_path.unlink(missing_ok=True)
             raise
 
-    def _pause(self, seconds: float) -> None:
-        if self._stop.wait(seconds) if seconds > 0 else self._stop.is_set():
-            raise Cancelled()
-
     def _run(self) -> JobResult:
-        dataset = DATASETS[self.spec.dataset]
-        predicate = compile_filters(self.spec.filters, dataset.columns, self.filters)
-        rows = dataset.generate(self.spec.seed, self.spec.rows)
-        total = self.spec.rows
-        chunk_delay = self.spec.fault.delay_sec * min(1.0, CHUNK_ROWS / total)
-        scanned = written = 0
-        self.part_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.part_path, "w", newline="", encoding="utf-8", buffering=1 << 20) as out:
-            write = WRITERS[Format(self.fmt)](out, dataset.columns)
-            self.step = "render"
-            while chunk := list(islice(rows, CHUNK_ROWS)):
-                scanned += len(chunk)
-                if predicate is not None:
-                    chunk = [row for row in chunk if predicate(row)]
-                write(chunk)
-                written += len(chunk)
-                self.progress = 5 + (90 * scanned) // total
-                if self.fail_transiently and scanned * 2 >= total:
-                    raise TransientFailure("injected transient failure")
-                self._pause(chunk_delay)
-            self.step = "store"
-            out.flush()
-            os.fsync(out.fileno())
+        spec, ctx = self.spec, self.ctx
+        output = FORMATS.get(self.task.format)
+        if output is None:
+            raise PermanentFailure("FORMAT_UNAVAILABLE", f"this backend no longer writes {self.task.format!r}")
+        with spec.source.open(ctx, spec.filters) as source, PartFile(self.part_path, self.task.compression) as part:
+            writer = output.open(part.stream, source.columns, WriteOptions(spec.csv_escape_formulas))
+            estimate = source.estimate_rows()
+            ctx.set_step("render")
+            started, written = time.monotonic(), 0
+            for batch in source.batches():
+                self._check_row_width(batch, len(source.columns))
+                written += len(batch)
+                self._check_rows(written)
+                writer.write(batch)
+                self._check_bytes(part.stored_bytes())
+                if estimate:
+                    ctx.set_progress(5 + 90 * min(written, estimate) // estimate)
+                self._fault(started)
+            writer.close()
+            self._fault(started, finished=True)
+            ctx.set_step("store")
+            size = part.finish()
+        self._check_bytes(size)
         self._pause(0)
-        size = self.part_path.stat().st_size
         try:
             self.publish(self.part_path)
         except StoreUnavailable as exc:
             raise TransientFailure(f"the result store failed: {exc}") from exc
-        self.progress = 99
+        ctx.progress = STORED_PROGRESS
         return JobResult(rows=written, bytes=size)
+
+    def _pause(self, seconds: float) -> None:
+        """A safe point: wait up to `seconds`, stopping the attempt if it was cancelled or its deadline passed."""
+        remaining = self.ctx.deadline - time.monotonic()
+        if self._stop.wait(min(seconds, remaining)) if seconds > 0 and remaining > 0 else self._stop.is_set():
+            raise Cancelled()
+        if time.monotonic() >= self.ctx.deadline:
+            raise DeadlineReached()
+
+    def _fault(self, started: float, finished: bool = False) -> None:
+        """The type's injected faults: its delay spread over the rows as they progress, a transient failure midway."""
+        fault = self.spec.fault
+        done = 1.0 if finished else max(0, self.ctx.progress - 5) / 90
+        if self.fail_transiently and done >= 0.5:
+            raise TransientFailure("injected transient failure")
+        self._pause(started + fault.delay_sec * done - time.monotonic())
+
+    def _check_row_width(self, batch: Batch, width: int) -> None:
+        if batch and set(map(len, batch)) != {width}:
+            raise PermanentFailure("SOURCE_ERROR", f"the source yielded a row whose values do not match its "
+                                                   f"{width} columns: its author should fix it")
+
+    def _check_rows(self, written: int) -> None:
+        limit = self.spec.max_rows
+        if limit is not None and written > limit:
+            raise PermanentFailure("EXPORT_TOO_LARGE", f"the export has more than {limit} rows, the most export type "
+                                                       f"{self.task.export_type} allows: narrow the filters")
+
+    def _check_bytes(self, size: int) -> None:
+        limit = self.spec.max_bytes
+        if limit is not None and size > limit:
+            raise PermanentFailure("EXPORT_TOO_LARGE", f"the export's file passed {limit} bytes, the most export "
+                                                       f"type {self.task.export_type} allows: narrow the filters")

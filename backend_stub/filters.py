@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Mapping, Sequence
 from datetime import date
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
-from backend_stub.config import FilterSpec
+from pydantic import Field, model_validator
+
+from backend_stub.config_model import Strict
 from backend_stub.datasets import Row
 from exports_common.errors import validation_error
 from exports_common.submit_body import shown_name
@@ -14,6 +17,22 @@ from exports_common.submit_body import shown_name
 Predicate = Callable[[Row], bool]
 _OPS = {"eq": operator.eq, "gte": operator.ge, "lte": operator.le}
 _OP_WORDS = {"eq": "equals", "gte": "at least", "lte": "at most"}
+
+
+class FilterSpec(Strict):
+    """One filter a client may send: its type, and the column it tests."""
+
+    type: Literal["string", "integer", "number", "date", "enum"]
+    column: str
+    op: Literal["eq", "gte", "lte"] = "eq"
+    values: list[str] | None = Field(None, description="allowed values, for type enum")
+    multiple: bool = Field(False, description="enum only: the client may send a list, matching any of it")
+
+    @model_validator(mode="after")
+    def _enum_has_values(self) -> FilterSpec:
+        if self.type == "enum" and not self.values:
+            raise ValueError("an enum filter needs a non-empty 'values' list")
+        return self
 
 
 def _check_scalar(name: str, spec: FilterSpec, value: Any) -> Any:
@@ -93,8 +112,8 @@ def _one(index: int, spec: FilterSpec, value: Any) -> Predicate:
     return lambda row: compare(row[index], value)
 
 
-def compile_filters(specs: dict[str, FilterSpec], columns: tuple[str, ...],
-                    filters: dict[str, Any]) -> Predicate | None:
+def compile_filters(specs: Mapping[str, FilterSpec], columns: Sequence[str],
+                    filters: Mapping[str, Any]) -> Predicate | None:
     """One predicate for all filters, or None when nothing filters (the fast path)."""
     predicates = [_one(columns.index(specs[name].column), specs[name], value) for name, value in filters.items()]
     if not predicates:

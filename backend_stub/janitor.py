@@ -11,7 +11,7 @@ import logging
 import time
 
 from backend_stub import metrics
-from backend_stub.result_store import ResultStore, StoreUnavailable, object_key
+from backend_stub.result_store import ResultStore, StoreUnavailable
 from backend_stub.store import TaskStore, store_down
 from exports_common.periodic import periodic
 
@@ -25,7 +25,7 @@ async def sweep_once(store: TaskStore, results: ResultStore) -> int:
         for task_id in task_ids:
             task = await store.get(task_id)
             if task is not None:
-                await results.delete(object_key(task_id, task.format))
+                await results.delete(task.result_key)
             await store.delete(task_id)
         removed += len(task_ids)
         metrics.janitor_deletions.inc(len(task_ids))

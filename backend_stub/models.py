@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend_stub.result_store.base import object_key
 from exports_common import contract
 from exports_common.contract import TERMINAL, Status
 from exports_common.timefmt import rfc3339
@@ -41,10 +42,17 @@ class Task:
     extra: dict[str, Any] = field(default_factory=dict)
     # the change-log entry of the record's latest change, set by the store as it writes the record
     change_id: str = ""
+    # the type's compression when the task was created: the stored file's name and media type follow it
+    compression: str | None = None
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def result_key(self) -> str:
+        """The result file's name in the result store, which is also the name a download is saved under."""
+        return object_key(self.task_id, self.format, self.compression)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))

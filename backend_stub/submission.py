@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from backend_stub.config import BackendConfig
+from backend_stub.config import BackendConfig, ExportTypeConfig
 from backend_stub.filters import validate_filters
 from exports_common.errors import validation_error
 from exports_common.submit_body import check_format, check_submit_body, check_timeout
@@ -29,13 +29,25 @@ class Submission:
 def parse_submission(body: Any, config: BackendConfig) -> Submission:
     shape = check_submit_body(body, config.export_types.keys(), config.max_timeout_sec, config.default_timeout_sec,
                               config.max_filters_bytes)
+    spec = config.export_types[shape.export_type]
     return Submission(
         export_type=shape.export_type,
-        filters=validate_filters(config.export_types[shape.export_type].filters, shape.filters),
+        filters=validate_filters(spec.filters, shape.filters),
         callback_url=shape.callback_url,
         timeout_sec=shape.timeout_sec,
-        format=shape.format,
+        format=offered_format(shape.export_type, spec, shape.format),
     )
+
+
+def offered_format(export_type: str, spec: ExportTypeConfig | None, fmt: str | None,
+                   field: str = "format") -> str:
+    """`fmt` if the type offers it; the type's first format when none is named."""
+    offered = spec.formats if spec is not None else []
+    if fmt is None and offered:
+        return offered[0]
+    if fmt not in offered:
+        raise validation_error(field, f"export type {export_type} offers {', '.join(offered) or 'no format now'}")
+    return fmt
 
 
 def parse_active_quota(raw: str | None) -> int | None:
@@ -47,7 +59,7 @@ def parse_active_quota(raw: str | None) -> int | None:
     return int(raw)
 
 
-def parse_rerun(body: Any, config: BackendConfig) -> tuple[int, dict[str, Any]]:
+def parse_rerun(body: Any, config: BackendConfig, export_type: str) -> tuple[int, dict[str, Any]]:
     """`{"expected_attempt": n, "overrides": {"timeout_sec", "format", "degraded"}}`."""
     if not isinstance(body, dict):
         raise validation_error("body", "must be a JSON object")
@@ -63,7 +75,8 @@ def parse_rerun(body: Any, config: BackendConfig) -> tuple[int, dict[str, Any]]:
         if key == "timeout_sec":
             overrides[key] = check_timeout(value, config.max_timeout_sec, field)
         elif key == "format":
-            overrides[key] = check_format(value, field)
+            overrides[key] = offered_format(export_type, config.export_types.get(export_type),
+                                            check_format(value, field), field)
         elif key == "degraded":
             if not isinstance(value, bool):
                 raise validation_error(field, "must be true or false")

@@ -30,10 +30,11 @@ from redis.exceptions import RedisError
 
 from backend_stub import lifecycle, metrics, tracing
 from backend_stub.config import BackendConfig
-from backend_stub.export_job import Cancelled, ExportJob, JobResult, TransientFailure
+from backend_stub.export_job import ExportJob, JobResult
+from backend_stub.failures import Cancelled, DeadlineReached, PermanentFailure, TransientFailure
 from backend_stub.files import ResultFiles
 from backend_stub.models import Task, error_info
-from backend_stub.result_store import ResultStore, StoreUnavailable, object_key
+from backend_stub.result_store import ResultStore, StoreUnavailable
 from backend_stub.store import Change, Lease, TaskStore, store_down
 from exports_common.contract import Status
 from exports_common.jsonlog import task_id_var, trace_id_var
@@ -141,9 +142,9 @@ class Workers:
     async def _run(self, task: Task, lease: Lease, consumer: str) -> None:
         spec = self.config.export_types[task.export_type]
         job = ExportJob(
-            spec, task.filters, task.format,
+            spec, task, deadline=time.monotonic() + _deadline(task) - time.time(),
             part_path=self.files.partial(task.task_id, task.attempt),
-            publish=self._publisher(object_key(task.task_id, task.format)),
+            publish=self._publisher(task.result_key),
             fail_transiently=self._should_fail(task),
         )
         tracing.step(job.step)  # the first step, which a quick export may leave before its first progress report
@@ -161,7 +162,7 @@ class Workers:
     async def _supervise(self, task: Task, lease: Lease, consumer: str, job: ExportJob,
                          future: asyncio.Future[JobResult], held: Held) -> bool:
         """Watch the running export; True when it ended by itself, False when this attempt is over."""
-        deadline = (task.started_at or time.time()) + task.timeout_sec
+        deadline = _deadline(task)
         while not future.done():
             remaining = deadline - time.time()
             if remaining <= 0:
@@ -169,10 +170,7 @@ class Workers:
                 # the thread stops later with Cancelled, which nobody awaits: retrieve it, or asyncio
                 # logs "Future exception was never retrieved" with a traceback for a normal TIMEOUT
                 future.add_done_callback(lambda done: done.cancelled() or done.exception())
-                await self._end(task, lease, held, lifecycle.finish(
-                    Status.TIMEOUT, attempt=task.attempt, ttl_sec=self.config.task_ttl_sec,
-                    error=error_info("TASK_TIMEOUT", f"the export did not finish within {task.timeout_sec} s",
-                                     retryable=True)))
+                await self._end(task, lease, held, self._timed_out(task))
                 return False
             await asyncio.wait({future}, timeout=min(self.config.progress_interval_sec, remaining))
             if future.done():
@@ -218,6 +216,11 @@ class Workers:
                 return
             change = lifecycle.finish(Status.FAILED, attempt=task.attempt, ttl_sec=ttl, error=error_info(
                 "EXPORT_FAILED", f"failed {spec.max_attempts} times; last error: {exc}", retryable=False))
+        except PermanentFailure as exc:
+            change = lifecycle.finish(Status.FAILED, attempt=task.attempt, ttl_sec=ttl,
+                                      error=error_info(exc.code, str(exc), retryable=False))
+        except DeadlineReached:
+            change = self._timed_out(task)
         except Cancelled:
             await held.retrying(lambda: self.store.ack(lease))
             return
@@ -228,9 +231,14 @@ class Workers:
         else:
             change = lifecycle.finish(Status.COMPLETED, attempt=task.attempt, ttl_sec=ttl, result={
                 "download_url": f"/exports/{task.task_id}/file",
-                "rows": result.rows, "bytes": result.bytes, "format": task.format,
+                "rows": result.rows, "bytes": result.bytes, "format": task.format, "compression": task.compression,
             })
         await self._end(task, lease, held, change)
+
+    def _timed_out(self, task: Task) -> Change:
+        return lifecycle.finish(Status.TIMEOUT, attempt=task.attempt, ttl_sec=self.config.task_ttl_sec,
+                                error=error_info("TASK_TIMEOUT", f"the export did not finish within "
+                                                                 f"{task.timeout_sec} s", retryable=True))
 
     async def _end(self, task: Task, lease: Lease, held: Held, change: Change) -> None:
         # a retried update is safe: `change` is conditional on this attempt still running
@@ -239,7 +247,7 @@ class Workers:
             # someone else decided first (a cancel, or another worker took over): keep nothing of ours
             await held.retrying(lambda: self.store.ack(lease))
             if final is None or final.status != Status.COMPLETED:
-                await self._discard(object_key(task.task_id, task.format))
+                await self._discard(task.result_key)
         elif final is not None:
             metrics.task_ended(task.export_type, final.status, task.started_at, (final.result or {}).get("rows"))
             tracing.ended(final.status, (final.result or {}).get("rows"))
@@ -251,3 +259,8 @@ class Workers:
         except StoreUnavailable as exc:
             log.warning("could not delete a result nobody will serve; the expiry sweep deletes it with the task",
                         extra={"key": key, "error": str(exc)})
+
+
+def _deadline(task: Task) -> float:
+    """When the task times out (wall clock): `timeout_sec` after it started."""
+    return (task.started_at or time.time()) + task.timeout_sec

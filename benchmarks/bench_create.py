@@ -11,7 +11,7 @@ from pathlib import Path
 
 from benchmarks import wrk
 from benchmarks.harness import processes
-from tests.conftest import backend_config
+from tests.conftest import backend_config, synthetic_type
 from tests.procs import RedisServer
 
 LUA = """
@@ -30,7 +30,7 @@ request = function()
 end
 """
 
-TINY = {"tiny_export": {"dataset": "report", "rows": 10}}
+TINY = {"tiny_export": synthetic_type("report", 10)}
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import httpx
 from backend_stub.datasets import DATASETS
 from benchmarks.harness import processes
 from exports_common.task_ids import new_task_id
-from tests.conftest import backend_config
+from tests.conftest import backend_config, synthetic_type
 
 
 def bare_loop(rows: int, seed: int, path: str) -> float:
@@ -34,7 +34,7 @@ def main() -> None:
     seed = 11
     with processes() as procs:
         backend = procs.start("backend_stub", backend_config(procs.workdir, export_types={
-            "bench_export": {"dataset": "orders", "rows": args.rows, "seed": seed}}), "backend")
+            "bench_export": synthetic_type("orders", args.rows, seed)}), "backend")
         reference = bare_loop(args.rows, seed, str(procs.workdir / "bare.csv"))
         idle_rss = backend.rss_bytes()
         task_id = new_task_id()

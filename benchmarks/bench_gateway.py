@@ -23,7 +23,7 @@ import httpx
 
 from benchmarks import wrk
 from benchmarks.harness import AUTH, LOAD_CPU, Processes, nginx, pin, processes, submit_and_wait, unpin
-from tests.conftest import backend_config, gateway_config
+from tests.conftest import backend_config, gateway_config, synthetic_type
 from tests.procs import RedisServer, Service
 
 TENANT = {"X-Tenant-Id": "demo"}  # what the gateway's auth would send upstream; the proxies pass it through
@@ -72,7 +72,7 @@ def main() -> None:
     with processes() as procs:
         workdir = procs.workdir
         backend = procs.start("backend_stub", backend_config(workdir, export_types={
-            "stuck_export": {"dataset": "orders", "rows": 1000, "fault": {"delay_sec": 3000}}}), "backend")
+            "stuck_export": synthetic_type("orders", 1000, fault={"delay_sec": 3000})}), "backend")
         gateway = procs.start("gateway", gateway_config(workdir, backend.url, log_level="warning"), "gateway")
         running = submit_and_wait(gateway.url, {"export_type": "stuck_export", "timeout_sec": 3600}, {"RUNNING"})
         # submitted last, so the newest task (what `limit=1` lists) is a finished one with a link to sign

@@ -33,14 +33,14 @@ from benchmarks import wrk
 from benchmarks.bench_gateway import best_of
 from benchmarks.harness import LOAD_CPU, Processes, pin, processes, submit_and_wait
 from benchmarks.server_instructions import long_ttl, per_request, without
-from tests.conftest import DEMO2_KEY, DEMO_KEY, RAISED_LIMITS, backend_config, gateway_config
+from tests.conftest import DEMO2_KEY, DEMO_KEY, RAISED_LIMITS, backend_config, gateway_config, synthetic_type
 from tests.procs import RedisServer
 
 A = {"Authorization": f"Bearer {DEMO_KEY}"}
 B = {"Authorization": f"Bearer {DEMO2_KEY}"}
 SHIPPED = {"TENANT_REQUESTS_PER_SEC": "100", "TENANT_REQUESTS_BURST": "200", "TENANT_SUBMITS_PER_SEC": "20",
            "TENANT_SUBMITS_BURST": "100", "TENANT_MAX_ACTIVE_TASKS": "1000"}
-TYPES = {"small_export": {"dataset": "report", "rows": 10, "fault": {"delay_sec": 0.05}}}
+TYPES = {"small_export": synthetic_type("report", 10, fault={"delay_sec": 0.05})}
 BODY = '{"export_type": "small_export"}'
 FLOOD = f"""
 wrk.method = "POST"

@@ -21,7 +21,7 @@ import httpx
 
 from benchmarks import wrk
 from benchmarks.harness import AUTH, LOAD_CPU, pin, processes, submit_and_wait, unpin
-from tests.conftest import backend_config, gateway_config
+from tests.conftest import backend_config, gateway_config, synthetic_type
 from tests.otlp_receiver import OtlpReceiver
 
 
@@ -35,7 +35,7 @@ def main() -> None:
         workdir = procs.workdir
         exporting = {"exporter": "otlp", "endpoint": collector.url}  # the default ratio, 0.05
         backend = procs.start("backend_stub", backend_config(workdir, tracing=exporting, export_types={
-            "stuck_export": {"dataset": "orders", "rows": 1000, "fault": {"delay_sec": 3000}}}), "backend")
+            "stuck_export": synthetic_type("orders", 1000, fault={"delay_sec": 3000})}), "backend")
         gateways = {
             "off": procs.start("gateway", gateway_config(workdir / "off", backend.url, log_level="warning"), "off"),
             "otlp": procs.start("gateway", gateway_config(workdir / "otlp", backend.url, log_level="warning",

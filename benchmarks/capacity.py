@@ -27,7 +27,7 @@ import httpx
 import redis
 
 from benchmarks.harness import AUTH, Processes
-from tests.conftest import backend_config, gateway_config
+from tests.conftest import backend_config, gateway_config, synthetic_type
 from tests.procs import RedisClusterServers, RedisServer, S3Server, Service, wait_until
 
 API = "/api/v1/exports"
@@ -100,7 +100,7 @@ def main() -> None:
         try:
             config = backend_config(work / "b", server.url, result_store=f"s3://{s3.bucket}/results", workers=1,
                                     progress_interval_sec=30.0, task_ttl_sec=45, sweep_interval_sec=1.0)
-            config["export_types"]["hold"] = {"dataset": "orders", "rows": 1000, "fault": {"delay_sec": 600}}
+            config["export_types"]["hold"] = synthetic_type("orders", 1000, fault={"delay_sec": 600})
             backend = Service("backend_stub", config, work, "backend", env=s3.env).start()
             procs.started.append(backend)
             gateway = procs.start("gateway", gateway_config(work / "g", backend.url, server.url), "gateway")

@@ -37,14 +37,14 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import DEMO_KEY, backend_config, gateway_config
+from tests.conftest import DEMO_KEY, backend_config, gateway_config, synthetic_type
 from tests.procs import RedisServer, Service
 
 API = "/api/v1/exports"
 AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
 EXPORT_TYPE = "chaos_export"
 # ~1.5 s per task: long enough that faults land on running exports
-EXPORT_TYPES = {EXPORT_TYPE: {"dataset": "orders", "rows": 5000, "seed": 11, "fault": {"delay_sec": 1.5}}}
+EXPORT_TYPES = {EXPORT_TYPE: synthetic_type("orders", 5000, 11, fault={"delay_sec": 1.5})}
 LEASE_SEC = 15.0  # longer than the 10 s Redis stall: that stall must not run any task twice
 GIVE_UP_SEC = 60.0
 # the limiter (once it exists) still runs; a chaos client must not be rate limited

@@ -110,7 +110,7 @@ def main() -> None:
         asyncio.run(_drive(config_path, task_id, key, int(hits), mode))
         return
     from benchmarks.harness import AUTH, processes, submit_and_wait
-    from tests.conftest import DEMO_KEY, backend_config, gateway_config
+    from tests.conftest import DEMO_KEY, backend_config, gateway_config, synthetic_type
     from tests.otlp_receiver import OtlpReceiver
 
     parser = argparse.ArgumentParser()
@@ -124,7 +124,7 @@ def main() -> None:
     assert AUTH
     with OtlpReceiver() as collector, processes() as procs:
         backend = procs.start("backend_stub", backend_config(procs.workdir, export_types={
-            "stuck_export": {"dataset": "orders", "rows": 1000, "fault": {"delay_sec": 3000}}}), "backend")
+            "stuck_export": synthetic_type("orders", 1000, fault={"delay_sec": 3000})}), "backend")
         gateway = procs.start("gateway", gateway_config(procs.workdir, backend.url), "gateway")
         task_id = (submit_and_wait(gateway.url, {"export_type": "stuck_export", "timeout_sec": 3600}, {"RUNNING"})
                    if args.miss else submit_and_wait(gateway.url, {"export_type": "report_export"}, {"COMPLETED"}))

@@ -203,7 +203,7 @@ def cmd_list(client: ExportsClient, out: Output, args: argparse.Namespace) -> in
 def cmd_types(client: ExportsClient, out: Output, args: argparse.Namespace) -> int:
     types = client.export_types()
     lines = [f"{t.export_type}: filters {', '.join(sorted(t.filters_schema.get('properties', {}))) or '(none)'}; "
-             f"formats {', '.join(t.formats)}" for t in types]
+             f"formats {', '.join(t.formats)}" + (f" ({t.compression})" if t.compression else "") for t in types]
     out.data([t.to_dict() for t in types], lines)
     return OK
 

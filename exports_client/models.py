@@ -50,6 +50,7 @@ class Result(Model):
     rows: int
     bytes: int
     format: str
+    compression: str | None = None
 
 
 @dataclass(frozen=True)
@@ -109,5 +110,6 @@ class ExportType(Model):
     export_type: str
     filters_schema: dict[str, Any]
     formats: list[str]
+    compression: str | None = None
     max_attempts: int | None = None
     estimated_completion_sec: int | None = None

@@ -12,7 +12,7 @@ import os
 import re
 import types
 from pathlib import Path
-from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -54,9 +54,10 @@ def interpolate(value: Any, path: str, missing: list[str]) -> Any:
 
 
 def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """The line of `loc` in the file, or of the nearest enclosing block written there (a missing key's parent)."""
     if not loc:  # the whole file: its first line would point at whatever key comes first
         return None
-    node = root
+    node, found = root, None
     for part in loc:
         if isinstance(node, yaml.MappingNode):
             node = next((v for k, v in node.value if k.value == str(part)), None)
@@ -65,8 +66,9 @@ def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
         else:
             break
         if node is None:
-            return None
-    return node.start_mark.line + 1 if node is not None else None
+            break
+        found = node
+    return found.start_mark.line + 1 if found is not None else None
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:
@@ -104,8 +106,9 @@ def validate_data(data: Any, model: type[M], source: str, root: yaml.Node | None
         problems = []
         for err in exc.errors():
             loc = error_loc(err)
-            line = _line_of(root, loc)
-            where = f"{_format_loc(loc)}" + (f" (line {line})" if line else "")
+            path = _without_tags(model, loc)  # as written in the file
+            line = _line_of(root, path)
+            where = f"{_format_loc(path)}" + (f" (line {line})" if line else "")
             problems.append(f"{where}: {error_message(model, loc, err)}")
         raise ConfigError(source, problems) from exc
 
@@ -128,11 +131,58 @@ def error_loc(err: ErrorDetails) -> Loc:
 
 
 def error_message(model: type[BaseModel], loc: tuple[Any, ...], err: ErrorDetails) -> str:
+    ctx = err.get("ctx", {})
     if err["type"] == "extra_forbidden":
         return unknown_key_message(model, loc) or err["msg"]
     if err["type"] == "value_error":  # our validators' own sentences, without pydantic's "Value error, " before them
-        return str(err.get("ctx", {}).get("error", err["msg"]))
+        return str(ctx.get("error", err["msg"]))
+    if err["type"] == "union_tag_invalid":
+        return f"unknown {ctx['discriminator']} {ctx['tag']!r}; known: {ctx['expected_tags']}"
+    if err["type"] == "union_tag_not_found":
+        tags = _tags(model, loc, str(ctx["discriminator"]).strip("'"))
+        return f"{ctx['discriminator']} is missing; one of: {', '.join(map(repr, tags))}"
     return err["msg"]
+
+
+def _tagged(tp: Any, part: str | int) -> type[BaseModel] | None:
+    """The member of a union discriminated by a literal field that `part` names (pydantic puts the tag in a
+    location, between the union's key and the member's fields), or None. A one-member union is its member."""
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    members = get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,)
+    for member in members:
+        if isinstance(member, type) and issubclass(member, BaseModel) and part not in member.model_fields and any(
+                get_origin(f.annotation) is Literal and part in get_args(f.annotation)
+                for f in member.model_fields.values()):
+            return member
+    return None
+
+
+def _tags(model: type[BaseModel], loc: tuple[Any, ...], discriminator: str) -> list[str]:
+    """The tags of the union at `loc` discriminated by the field `discriminator`: what that field may say."""
+    tp: Any = model
+    for part in loc:
+        tp = _inside(tp, part)
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    members = get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,)
+    return [str(tag) for member in members if isinstance(member, type) and issubclass(member, BaseModel)
+            for name, f in member.model_fields.items() if name == discriminator and get_origin(f.annotation) is Literal
+            for tag in get_args(f.annotation)]
+
+
+def _without_tags(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A pydantic error location as a path in the file: the tags of discriminated unions left out."""
+    tp: Any = model
+    path = []
+    for part in loc:
+        member = _tagged(tp, part)
+        if member is not None:
+            tp = member
+            continue
+        path.append(part)
+        tp = _inside(tp, part)
+    return tuple(path)
 
 
 def _inside(tp: Any, part: str | int) -> Any:
@@ -140,6 +190,8 @@ def _inside(tp: Any, part: str | int) -> Any:
     origin = get_origin(tp)
     if origin is Annotated:
         return _inside(get_args(tp)[0], part)
+    if (member := _tagged(tp, part)) is not None:
+        return member
     if origin in (Union, types.UnionType):
         return next((t for t in (_inside(arg, part) for arg in get_args(tp)) if t is not None), None)
     if origin is list and isinstance(part, int):

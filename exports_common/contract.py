@@ -31,20 +31,15 @@ ACTIVE = frozenset({Status.PENDING, Status.RUNNING})
 TERMINAL = frozenset(Status) - ACTIVE
 
 
-class Format(StrEnum):
-    """The output formats: adding one means a member here, its media type and its writer (export_job)."""
-
-    CSV = "csv"
-    JSONL = "jsonl"
-
-    @property
-    def media_type(self) -> str:
-        return _MEDIA_TYPES[self]
-
-
-_MEDIA_TYPES = {Format.CSV: "text/csv; charset=utf-8", Format.JSONL: "application/x-ndjson"}
-FORMATS = tuple(f.value for f in Format)
-DEFAULT_FORMAT = Format.CSV
+# An output format's name, as a submit asks for it: each export type lists the formats it offers (csv,
+# jsonl, parquet, raw, ...) and the backend refuses one its type does not, so every other part of the
+# system checks only this shape and never a fixed list.
+FORMAT_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,31}")
+FormatName = Annotated[str, Field(pattern=f"^{FORMAT_PATTERN.pattern}$", description=(
+    "an output format the export type offers (GET /api/v1/export-types lists them)"))]
+# the media types a result file is served with: one per format the backends write, and gzip for a
+# compressed file (served as is, without Content-Encoding)
+RESULT_MEDIA_TYPES = ("text/csv", "application/x-ndjson", "application/gzip")
 
 
 class DeliveryState(StrEnum):
@@ -82,8 +77,9 @@ class Result(_View):
     download_url: str
     expire_at: Timestamp
     rows: Count
-    bytes: Count
-    format: Format
+    bytes: Count = Field(description="the stored file's size (compressed, when it is)")
+    format: FormatName
+    compression: str | None = Field(None, description="gzip: the file is gzip-compressed (<task_id>.csv.gz)")
 
 
 class TaskError(_View):
@@ -116,7 +112,7 @@ class Task(_View):
     degraded: bool
     callback: CallbackState | None
     reruns: Count | None = None
-    format: Format | None = None
+    format: FormatName | None = None
     timeout_sec: Annotated[int, Field(ge=1)] | None = None
     estimated_completion_sec: Count | None = Field(None, description="on a new task: the expected run time")
     change_id: str | None = Field(None, description="the id of the task's latest change in the backend's change "
@@ -131,7 +127,8 @@ class Task(_View):
 class ExportType(_View):
     export_type: str
     filters_schema: dict[str, Any] = Field(description="JSON Schema of this type's filters")
-    formats: list[Format]
+    formats: list[FormatName] = Field(description="the formats a submit may ask for; the first is the default")
+    compression: str | None = Field(None, description="gzip: this type's files are gzip-compressed")
     max_attempts: Annotated[int, Field(ge=1)] | None = None
     estimated_completion_sec: Count | None = None
 

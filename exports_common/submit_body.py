@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Collection
 from urllib.parse import urlsplit
 
-from exports_common.contract import DEFAULT_FORMAT, FORMATS
+from exports_common.contract import FORMAT_PATTERN
 from exports_common.errors import validation_error
 from exports_common.netpolicy import host_name_problem
 
@@ -19,7 +19,7 @@ class SubmitBody:
     filters: Any
     callback_url: str | None
     timeout_sec: int
-    format: str
+    format: str | None  # None: the export type's first format
 
 
 def shown_name(name: str) -> str:
@@ -34,9 +34,10 @@ def check_timeout(value: Any, max_timeout_sec: int, field: str = "timeout_sec") 
 
 
 def check_format(value: Any, field: str = "format") -> str:
-    if value not in FORMATS:
-        raise validation_error(field, f"must be one of {list(FORMATS)}")
-    return str(value)
+    """The shape of a format name; whether the export type offers it is for the backend to say."""
+    if not isinstance(value, str) or FORMAT_PATTERN.fullmatch(value) is None:
+        raise validation_error(field, "must be the name of a format the export type offers, such as csv or jsonl")
+    return value
 
 
 def check_callback_url(value: Any) -> str | None:
@@ -81,5 +82,5 @@ def check_submit_body(
         filters=filters,
         callback_url=check_callback_url(body.get("callback_url")),
         timeout_sec=check_timeout(body.get("timeout_sec", default_timeout_sec), max_timeout_sec),
-        format=check_format(body.get("format", DEFAULT_FORMAT)),
+        format=check_format(body["format"]) if "format" in body else None,
     )

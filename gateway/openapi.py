@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from exports_common.contract import DEFAULT_FORMAT, FORMATS, PUBLIC_MODELS, Format
+from exports_common.contract import FORMAT_PATTERN, PUBLIC_MODELS, RESULT_MEDIA_TYPES
 from exports_common.errors import ErrorKind
 from exports_common.task_ids import TASK_ID_PATTERN
 from gateway.config import GatewayConfig, plugin_of
@@ -102,14 +102,20 @@ def _accepts(config: GatewayConfig) -> dict[str, Any]:
     return found
 
 
-def _submit_properties(export_type: dict[str, Any], filters: dict[str, Any], max_timeout: int) -> dict[str, Any]:
+ANY_FORMAT = {"type": "string", "pattern": f"^{FORMAT_PATTERN.pattern}$",
+              "description": "one of the formats the export type offers (see /api/v1/export-types); omitted: "
+                             "its first"}
+
+
+def _submit_properties(export_type: dict[str, Any], filters: dict[str, Any], max_timeout: int,
+                       fmt: dict[str, Any]) -> dict[str, Any]:
     return {
         "export_type": export_type,
         "filters": filters,
         "callback_url": {"type": ["string", "null"], "format": "uri", "maxLength": 2048,
                          "description": "absolute http(s) URL of a public address"},
         "timeout_sec": {"type": "integer", "minimum": 1, "maximum": max_timeout, "default": 300},
-        "format": {"type": "string", "enum": list(FORMATS), "default": DEFAULT_FORMAT.value},
+        "format": fmt,
     }
 
 
@@ -123,7 +129,7 @@ def _submit_request(types: ExportTypes | None, allowed: list[str] | None, max_ti
         filters: dict[str, Any] = {"type": ["object", "null"],
                                    "description": "checked per export type; a bad one is 422 naming it"}
         return {"SubmitRequest": {"type": "object", "additionalProperties": False, "required": ["export_type"],
-                                  "properties": _submit_properties(export_type, filters, max_timeout)}}
+                                  "properties": _submit_properties(export_type, filters, max_timeout, ANY_FORMAT)}}
     out: dict[str, Any] = {}
     mapping = {}
     for item in types:
@@ -131,9 +137,11 @@ def _submit_request(types: ExportTypes | None, allowed: list[str] | None, max_ti
         mapping[name] = f"#/components/schemas/Submit_{name}"
         out[f"Filters_{name}"] = item["filters_schema"]
         filters = {"oneOf": [{"type": "null"}, _ref(f"Filters_{name}")]}
+        offered = [f for f in item.get("formats", []) if isinstance(f, str)]
+        fmt = {"type": "string", "enum": offered, "default": offered[0]} if offered else ANY_FORMAT
         out[f"Submit_{name}"] = {"type": "object", "additionalProperties": False, "required": ["export_type"],
                                  "properties": _submit_properties({"type": "string", "const": name}, filters,
-                                                                  max_timeout)}
+                                                                  max_timeout, fmt)}
     out["SubmitRequest"] = {"oneOf": [{"$ref": ref} for ref in mapping.values()],
                             "discriminator": {"propertyName": "export_type", "mapping": mapping}}
     return out
@@ -165,7 +173,7 @@ def _schemas(config: GatewayConfig, types: ExportTypes | None) -> dict[str, Any]
     }
 
 
-FILE_CONTENT = {f.media_type.split(";")[0]: {"schema": {"type": "string"}} for f in Format}
+FILE_CONTENT = {media_type: {"schema": {"type": "string"}} for media_type in RESULT_MEDIA_TYPES}
 TASK_ID_PARAM = {"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"},
                  "description": f"a task id ({TASK_ID_PATTERN.pattern}); anything else is 404"}
 

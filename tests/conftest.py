@@ -33,14 +33,17 @@ WEBHOOK_SECRETS = {tenant: "whsec_" + base64.b64encode(secrets.token_bytes(24)).
 # the public URL the backend's callback links use (the gateways of the tests each have their own)
 PUBLIC_URL = "https://exports.example.test"
 
+def synthetic_type(dataset: str, rows: int, seed: int = 1, **fields: Any) -> dict[str, Any]:
+    """An export type reading a synthetic data set, with any other type-level `fields` (formats, fault, ...)."""
+    return {"source": {"kind": "synthetic", "dataset": dataset, "rows": rows, "seed": seed}, **fields}
+
+
 # Export types the tests add to the default ones: slow, flaky and broken on purpose.
 TEST_EXPORT_TYPES: dict[str, Any] = {
-    "slow_export": {"dataset": "orders", "rows": 20000, "seed": 5, "fault": {"delay_sec": 30}},
-    "flaky_export": {"dataset": "orders", "rows": 2000, "seed": 6, "max_attempts": 3,
-                     "fault": {"fail_first_attempts": 1}},
-    "broken_export": {"dataset": "orders", "rows": 2000, "seed": 7, "max_attempts": 2,
-                      "fault": {"failure_rate": 1.0}},
-    "big_export": {"dataset": "orders", "rows": 1_000_000, "seed": 8},
+    "slow_export": synthetic_type("orders", 20000, 5, fault={"delay_sec": 30}),
+    "flaky_export": synthetic_type("orders", 2000, 6, max_attempts=3, fault={"fail_first_attempts": 1}),
+    "broken_export": synthetic_type("orders", 2000, 7, max_attempts=2, fault={"failure_rate": 1.0}),
+    "big_export": synthetic_type("orders", 1_000_000, 8),
 }
 
 

@@ -6,11 +6,11 @@ from typing import Callable
 
 import httpx
 
-from tests.conftest import backend_config
+from tests.conftest import backend_config, synthetic_type
 from tests.helpers import backend_create, backend_task, wait_status
 from tests.procs import RedisServer, Service, wait_until
 
-SLOWISH = {"dataset": "orders", "rows": 20000, "seed": 9, "fault": {"delay_sec": 2}}
+SLOWISH = synthetic_type("orders", 20000, 9, fault={"delay_sec": 2})
 
 
 def _running(url: str, ids: list[str]) -> list[str]:

@@ -40,7 +40,7 @@ def files_dir(backend: Service) -> Path:
 
 
 def expected_orders(spec: dict[str, Any], keep: Callable[[tuple], bool]) -> list[list[str]]:
-    rows = DATASETS["orders"].generate(spec["seed"], spec["rows"])
+    rows = DATASETS["orders"].generate(spec["source"]["seed"], spec["source"]["rows"])
     return [[str(v) for v in row] for row in rows if keep(row)]
 
 

@@ -18,7 +18,7 @@ import httpx
 from backend_stub.callbacks import CallbackSender
 from backend_stub.config import BackendConfig
 from exports_common.timefmt import parse_rfc3339
-from tests.conftest import backend_config
+from tests.conftest import backend_config, synthetic_type
 from tests.helpers import backend_create, wait_status
 from tests.procs import Service, wait_until
 from tests.receiver import HostileReceiver, Receiver
@@ -26,7 +26,7 @@ from tests.receiver import HostileReceiver, Receiver
 FLOOD_TASKS = 100
 CALLBACKS = {"allow_networks": ["127.0.0.0/8"], "timeout_sec": 2, "retry_delays_sec": [0.1] * 30,
              "concurrency": 8, "poll_interval_sec": 0.1}
-TINY = {"tiny_export": {"dataset": "report", "rows": 20, "seed": 1}}
+TINY = {"tiny_export": synthetic_type("report", 20)}
 
 
 def fairness_backend(start: Callable[..., Service], workdir: Path) -> Service:

@@ -32,7 +32,7 @@ PARQUET_ID = "exp-20270101-parquet0000000001"
 ARCHIVED_ID = "exp-20270101-archived000000001"
 EXPORT_TYPE = {
     "export_type": "order_export", "filters_schema": {"type": "object", "properties": {"region": {"type": "string"}}},
-    "formats": ["parquet", "csv"], "max_attempts": 3, "estimated_completion_sec": 60,
+    "formats": ["parquet", "csv"], "compression": None, "max_attempts": 3, "estimated_completion_sec": 60,
     "sla_tier": "gold",  # unknown to this SDK
 }
 
@@ -43,7 +43,7 @@ def completed(task_id: str, base_url: str) -> dict[str, Any]:
         "current_step": None, "attempt": 1, "created_at": "2027-01-01T00:00:00Z", "updated_at": "2027-01-01T00:00:09Z",
         "result": {"download_url": f"{base_url}/api/v1/exports/{task_id}/download?expires=1&sig=x",
                    "expire_at": "2027-01-02T00:00:09Z", "rows": 42, "bytes": len(FILE), "format": "parquet",
-                   "sha256": "d" * 64, "row_groups": 1},
+                   "compression": None, "sha256": "d" * 64, "row_groups": 1},
         "error": None, "degraded": False,
         "callback": {"state": "DELIVERED", "attempts": 1, "last_error": None, "delivered_at": "2027-01-01T00:00:10Z"},
         "format": "parquet", "region_served": "eu-west", "cost": {"credits": 3},

@@ -375,9 +375,13 @@ def test_models_match_the_gateways_live_openapi(stack: ClientStack, model: type,
         assert _schema_types(hints[field]) == expected, (name, field)
 
 
-def test_the_sdks_statuses_are_the_gateways(stack: ClientStack) -> None:
+def test_the_sdks_statuses_are_the_gateways_and_formats_are_each_types_own(stack: ClientStack) -> None:
     schemas = httpx.get(f"{stack.gateway.url}/openapi.json").json()["components"]["schemas"]
     assert schemas["Status"]["enum"] == list(STATUSES)
+    # no fixed list of formats anywhere: the shape of a name, and each type's own list in its submit schema
+    assert "enum" not in schemas["Result"]["properties"]["format"] and "Format" not in schemas
+    assert schemas["Submit_report_export"]["properties"]["format"] == {"type": "string", "enum": ["csv", "jsonl"],
+                                                                        "default": "csv"}
 
 
 def test_openapi_types_the_filters_of_each_export_type(stack: ClientStack) -> None:

@@ -98,10 +98,71 @@ def test_env_reaches_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_backend_config_rejects_unknown_columns(tmp_path: Path) -> None:
     path = tmp_path / "b.yaml"
-    path.write_text("export_types:\n  x:\n    dataset: orders\n    filters:\n      f: {type: string, column: nope}\n")
+    path.write_text("export_types:\n  x:\n    source: {kind: synthetic, dataset: orders}\n    filters:\n"
+                    "      f: {type: string, column: nope}\n")
     with pytest.raises(ConfigError) as err:
         load_model(path, BackendConfig)
     assert "export_types.x" in err.value.problems[0] and "no column 'nope'" in err.value.problems[0]
+
+
+def test_check_config_names_each_problem_of_an_export_type_by_its_path_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("""export_types:
+  a:
+    source: {kind: synthetic, dataset: nope}
+  b:
+    source:
+      kind: synthetic
+      dataset: orders
+      rowz: 5
+  c:
+    source: {kind: sqlx, url: "postgresql://u:secret@db/x"}
+  d:
+    source: {dataset: orders}
+  e:
+    formats: [csv, xml]
+    compression: zip
+    source: {kind: synthetic, dataset: orders, rows: 0}
+  f:
+    dataset: orders
+    source: {kind: synthetic, dataset: orders}
+  g:
+    formats: [jsonl, jsonl]
+    source: {kind: synthetic, dataset: orders}
+""")
+    result = run_cli("backend_stub", "check-config", str(bad))
+    assert result.returncode == 2
+    for expected in [
+        "export_types.a.source.dataset (line 3): unknown dataset 'nope'; known: orders, report, tickets, users",
+        "export_types.b.source.rowz (line 8): unknown key 'rowz', did you mean 'rows'?",
+        "export_types.c.source (line 10): unknown 'kind' 'sqlx'; known: 'synthetic'",
+        "export_types.d.source (line 12): 'kind' is missing; one of: 'synthetic'",
+        "export_types.e.formats[1] (line 14): unknown format 'xml'; this backend writes csv, jsonl",
+        "export_types.e.compression (line 15): Input should be 'gzip'",
+        "export_types.e.source.rows (line 16): Input should be greater than or equal to 1",
+        "export_types.f (line 18): dataset, rows and seed belong inside source:",
+        "export_types.g (line 21): formats lists a format twice",
+    ]:
+        assert expected in result.stderr, result.stderr
+    assert "secret" not in result.stderr  # a problem is named by its path, never with the value of a source
+
+
+def test_the_old_flat_shape_of_an_export_type_loads_as_a_synthetic_source_with_one_warning(tmp_path: Path) -> None:
+    path = tmp_path / "old.yaml"
+    path.write_text("export_types:\n  a: {dataset: orders, rows: 10, seed: 3, max_attempts: 2}\n"
+                    "  b: {dataset: report}\n  c: {source: {kind: synthetic, dataset: users}}\n")
+    config = load_model(path, BackendConfig)
+    a = config.export_types["a"]
+    assert (a.source.kind, a.source.dataset, a.source.rows, a.source.seed, a.max_attempts) == (
+        "synthetic", "orders", 10, 3, 2)
+    assert config.export_types["b"].source.rows == 100_000
+    assert config.export_types["b"].formats == ["csv", "jsonl"]  # what every type offered before formats
+    assert config.export_types["c"].formats == ["csv"]
+    assert config.load_warnings() == [
+        "export_types a, b: dataset, rows and seed at the type's top level is the old flat shape; write them as "
+        "source: {kind: synthetic, dataset: ..., rows: ..., seed: ...}"]
+    result = run_cli("backend_stub", "check-config", str(path))
+    assert result.returncode == 0 and result.stderr.count("old flat shape") == 1, result.stderr
 
 
 def test_an_unknown_key_anywhere_names_the_nearest_known_one(tmp_path: Path) -> None:

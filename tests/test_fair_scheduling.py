@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from exports_common.task_ids import new_task_id
-from tests.conftest import backend_config
+from tests.conftest import backend_config, synthetic_type
 from tests.helpers import backend_create, wait_status
 from tests.procs import RedisServer, Service, wait_until
 
@@ -23,7 +23,7 @@ TENANT_A, TENANT_B = "flooder", "quiet"
 
 
 def _types(delay_sec: float) -> dict[str, Any]:
-    return {"paced": {"dataset": "report", "rows": 10, "fault": {"delay_sec": delay_sec}}}
+    return {"paced": synthetic_type("report", 10, fault={"delay_sec": delay_sec})}
 
 
 def _backends(kind: str, services: Callable[..., Service], tmp_path: Path, request: pytest.FixtureRequest,
@@ -94,7 +94,7 @@ def test_another_tenants_task_starts_at_the_next_free_worker_behind_a_backlog_of
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_weights_give_proportional_shares(kind: str, services: Callable[..., Service], tmp_path: Path,
                                           request: pytest.FixtureRequest) -> None:
-    types = _types(0.05) | {"blocker": {"dataset": "report", "rows": 10, "fault": {"delay_sec": 2.5}}}
+    types = _types(0.05) | {"blocker": synthetic_type("report", 10, fault={"delay_sec": 2.5})}
     backends = _backends(kind, services, tmp_path, request, workers=1, export_types=types,
                          scheduler={"weights": {TENANT_A: 3}})
     url = backends[0].url

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exports_common.task_ids import new_task_id
-from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
+from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config, synthetic_type
 from tests.helpers import assert_envelope_error, backend_requests, wait_status
 from tests.procs import Service, wait_until
 
@@ -57,7 +57,7 @@ def stack(module_services: Callable[..., Service], tmp_path_factory: pytest.Temp
           ) -> Iterator[tuple[Service, Service]]:
     workdir = tmp_path_factory.mktemp("fuzz")
     config = backend_config(workdir)
-    config["export_types"]["order_export"]["rows"] = 2000  # accepted fuzz submits really run: keep them small
+    config["export_types"]["order_export"]["source"]["rows"] = 2000  # accepted fuzz submits really run: keep them small
     backend = module_services("backend_stub", config)
     gateway = module_services("gateway", gateway_config(workdir, backend.url))
     yield backend, gateway
@@ -266,7 +266,7 @@ def test_stack_logged_no_traceback(stack: tuple[Service, Service]) -> None:
 def test_upstream_dying_mid_download_cuts_the_body_without_a_traceback(services: Callable[..., Service],
                                                                        tmp_path: Path) -> None:
     # a file of about 20 MB: more than the socket buffers between the three parties hold
-    mid = {"mid_export": {"dataset": "orders", "rows": 400_000, "seed": 9}}
+    mid = {"mid_export": synthetic_type("orders", 400_000, 9)}
     backend = services("backend_stub", backend_config(tmp_path, export_types=mid))
     gateway = services("gateway", gateway_config(tmp_path, backend.url))
     task_id = post(f"{gateway.url}/api/v1/exports", b'{"export_type": "mid_export"}', AUTH).json()["data"]["task_id"]

@@ -42,7 +42,7 @@ def test_openapi_document_describes_section_2(services: Callable[..., Service], 
 def test_schemathesis_finds_no_server_error_or_schema_violation(services: Callable[..., Service],
                                                                 tmp_path: Path) -> None:
     config = backend_config(tmp_path)
-    config["export_types"]["order_export"]["rows"] = 2000  # fuzzed submits really run: keep them small
+    config["export_types"]["order_export"]["source"]["rows"] = 2000  # fuzzed submits really run: keep them small
     backend = services("backend_stub", config)
     gateway = services("gateway", gateway_config(tmp_path, backend.url))
     seed = os.environ.get("FUZZ_SEED", "20261129")

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 
-from tests.conftest import DEMO_KEY, backend_config, gateway_config
+from tests.conftest import DEMO_KEY, backend_config, gateway_config, synthetic_type
 from tests.helpers import backend_create, backend_task, wait_status
 from tests.procs import RedisServer, Service, wait_until
 
@@ -198,7 +198,7 @@ def test_the_queue_works_again_after_redis_restarts_empty(services: Callable[...
 
 def test_stall_shorter_than_the_lease_runs_no_task_twice(services: Callable[..., Service], redis_aof: RedisServer,
                                                          tmp_path: Path) -> None:
-    slow = {"stall_export": {"dataset": "orders", "rows": 20000, "seed": 3, "fault": {"delay_sec": 8}}}
+    slow = {"stall_export": synthetic_type("orders", 20000, 3, fault={"delay_sec": 8})}
     backend = services("backend_stub", backend_config(tmp_path, redis_aof.url, lease_sec=12, workers=2,
                                                       export_types=slow))
     ids = []

@@ -21,7 +21,7 @@ import pytest
 from backend_stub.byte_range import requested_range
 from exports_client import AsyncExportsClient, ExportsClient, Task
 from exports_common.errors import ApiError
-from tests.conftest import DEMO_KEY, backend_config, gateway_config
+from tests.conftest import DEMO_KEY, backend_config, gateway_config, synthetic_type
 from tests.helpers import assert_envelope_error, backend_create, backend_task, wait_status
 from tests.procs import RedisServer, S3Server, Service, wait_until
 
@@ -268,7 +268,7 @@ def test_a_redirect_needs_an_s3_store() -> None:
 
     from backend_stub.config import BackendConfig
 
-    config = {"export_types": {"orders": {"dataset": "orders"}}, "download_redirect": {"ttl_sec": 60}}
+    config = {"export_types": {"orders": synthetic_type("orders", 100)}, "download_redirect": {"ttl_sec": 60}}
     with pytest.raises(ValidationError, match="needs an s3:// result_store"):
         BackendConfig.model_validate(config)
     BackendConfig.model_validate(config | {"result_store": "s3://b/p"})

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from backend_stub.export_job import WRITERS
+from backend_stub import compression
+from backend_stub.formats import FORMATS
 from exports_common import contract, webhooks
 from exports_common.errors import ApiError
 from exports_common.list_query import query_pairs
@@ -215,9 +216,10 @@ def test_a_task_answer_leaves_out_what_is_not_known_and_refuses_a_bad_status() -
         contract.Task(status="DONE", **fields)
 
 
-def test_every_output_format_has_a_media_type_and_a_writer() -> None:
-    assert {f.media_type.split(";")[0] for f in contract.Format} == {"text/csv", "application/x-ndjson"}
-    assert set(WRITERS) == set(contract.Format)
+def test_the_document_lists_the_media_type_of_every_format_and_compression() -> None:
+    served = {f.media_type.split(";")[0] for f in FORMATS.values()} | set(compression.MEDIA_TYPES.values())
+    assert served == set(contract.RESULT_MEDIA_TYPES)
+    assert all(contract.FORMAT_PATTERN.fullmatch(name) for name in FORMATS)
 
 
 # -- background loops -----------------------------------------------------------------------------

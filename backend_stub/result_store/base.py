@@ -5,6 +5,8 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from backend_stub.compression import SUFFIXES
+
 
 class ObjectMissing(Exception):
     """The store answered, and the object is not there."""
@@ -14,8 +16,9 @@ class StoreUnavailable(Exception):
     """The store could not be reached or failed; the object may well be there. Worth a retry later."""
 
 
-def object_key(task_id: str, fmt: str) -> str:
-    return f"{task_id}.{fmt}"
+def object_key(task_id: str, fmt: str, compression: str | None = None) -> str:
+    """The result's name in the store, which is also the name a download is saved under."""
+    return f"{task_id}.{fmt}{SUFFIXES[compression] if compression else ''}"
 
 
 class ResultStore(ABC):

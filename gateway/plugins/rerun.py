@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from exports_common.contract import ACTIVE, Format, RerunCause, rerun_cause
+from exports_common.contract import ACTIVE, FormatName, RerunCause, rerun_cause
 from exports_common.errors import ApiError
 from gateway.context import Handler, RequestContext
 from gateway.plugins.base import PluginBase, RouteInfo, Settings
@@ -25,7 +25,8 @@ from gateway.upstream import UpstreamError
 
 class RerunOverrides(Settings):
     timeout_sec: int | None = Field(None, ge=1)
-    format: Format | None = None
+    format: FormatName | None = Field(None, description="one the task's type offers, or the upstream refuses the "
+                                                            "re-run")
     degraded: bool = True
 
 

@@ -1,0 +1,56 @@
+"""What a value becomes in a result file: the output rules every format shares.
+
+NULL is an empty CSV field and JSON null; dates are YYYY-MM-DD; timestamps with a
+time zone are written in UTC with a `Z`, without one with no offset; decimals keep
+their exact digits, never going through a float (in JSON a number with those
+digits); binary is base64; booleans are true and false. Anything else is its str().
+"""
+from __future__ import annotations
+
+import base64
+from datetime import UTC, date, datetime, time
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+
+def timestamp_text(value: datetime) -> str:
+    if value.utcoffset() is None:
+        return value.isoformat()
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
+
+
+def decimal_text(value: Decimal) -> str:
+    """Every digit the value holds, positionally (1E+2 is 100): no exponent for a reader to misread."""
+    return format(value, "f")
+
+
+def text(value: Any) -> str | None:
+    """A value as a CSV field's text; None stays None (NULL)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        return float.__repr__(value)
+    if isinstance(value, datetime):
+        return timestamp_text(value)
+    if isinstance(value, date | time):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return decimal_text(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(value).decode("ascii")
+    return str(value)
+
+
+def json_value(value: Any) -> Any:
+    """orjson's `default`: a value it does not write itself (dates and times are passed through to here)."""
+    if isinstance(value, Decimal) and value.is_finite():
+        return orjson.Fragment(decimal_text(value))
+    return text(value)

@@ -1,0 +1,19 @@
+"""Where export rows come from: one module per `source:` kind, each a config model and what it opens.
+
+`SourceConfig` is the `source:` block of an export type, a union discriminated on
+`kind`. A new kind is one module here (its pydantic model with `kind: Literal[...]`,
+implementing `base.SourceKind`, and the `Source` it opens) and one member added below;
+nothing else names the kinds.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Union
+
+from pydantic import Field
+
+from backend_stub.sources.base import API_VERSION, Batch, RowSource, Source, SourceContext, SourceKind
+from backend_stub.sources.synthetic import SyntheticSource
+
+SourceConfig = Annotated[Union[SyntheticSource], Field(discriminator="kind")]  # noqa: UP007 - one kind today
+
+__all__ = ["API_VERSION", "Batch", "RowSource", "Source", "SourceConfig", "SourceContext", "SourceKind"]
