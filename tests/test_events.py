@@ -134,9 +134,15 @@ def test_last_event_id_resumes_after_a_cut(stack: tuple[Service, Service, Servic
 
 def test_another_tenants_task_is_404_and_a_stream_without_a_key_is_401(stack: tuple[Service, Service, Service]) -> None:
     _, gateway, _ = stack
+    submit(gateway, "blocker_export")
     task = submit(gateway)
-    other = httpx.get(f"{gateway.url}{events_path(task['task_id'])}", headers=AUTH2)
-    assert other.status_code == 404 and other.json()["code"] == 40401
+    with RawStream(gateway.url, events_path(task["task_id"]), AUTH) as mine:
+        mine.read_until(lambda s: bool(s.events))
+        # while the owner watches it (its state held by the gateway), another tenant still learns nothing
+        other = httpx.get(f"{gateway.url}{events_path(task['task_id'])}", headers=AUTH2)
+        assert other.status_code == 404 and other.json()["code"] == 40401
+        mine.read_to_end()
+    assert mine.events[-1].task["status"] == "COMPLETED", "the owner's stream is not disturbed"
     assert httpx.get(f"{gateway.url}{events_path('exp-20260101-nosuchtask0000000')}",
                      headers=AUTH).json()["code"] == 40401
     for url in (f"{gateway.url}{events_path(task['task_id'])}", f"{gateway.url}/api/v1/events"):

@@ -154,7 +154,7 @@ class Events(PluginBase[EventsSettings]):
                 raise unavailable("the export service's changes cannot be followed right now; poll the task's "
                                   "status instead", self.settings.retry_ms / 1000)
             resumed_from = _last_event_id(ctx)
-            opening = await (self._task_opening(ctx) if sub.task_id is not None
+            opening = await (self._task_opening(ctx, sub) if sub.task_id is not None
                              else self._tenant_opening(ctx, resumed_from))
             if isinstance(opening, GatewayResponse):
                 return opening  # the status route's refusal (404, 503, ...): the stream's answer
@@ -178,14 +178,18 @@ class Events(PluginBase[EventsSettings]):
         return GatewayResponse(200, [("content-type", MEDIA_TYPE), ("cache-control", "no-cache"),
                                      ("x-accel-buffering", "no")], events=stream)
 
-    async def _task_opening(self, ctx: RequestContext) -> list[Rendered] | GatewayResponse:
+    async def _task_opening(self, ctx: RequestContext, sub: Subscriber) -> list[Rendered] | GatewayResponse:
         assert ctx.task_id is not None
+        held = self.hub.current(sub)
+        if held is not None:
+            return [held]
         resp = await self.view.answer(ctx, ctx.task_id, None)
         if resp.status != 200:
             return resp
         event = await render(resp)
         if event is None:
             raise ApiError(ErrorKind.TASK_NOT_FOUND)
+        self.hub.remember(sub, event)
         return [event]
 
     async def _tenant_opening(self, ctx: RequestContext, resumed_from: str | None) -> list[Rendered] | GatewayResponse:

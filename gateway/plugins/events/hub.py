@@ -27,7 +27,7 @@ from collections import deque
 from typing import Any, Literal
 
 from gateway.plugins.events.feed import NoFeed, follow
-from gateway.plugins.events.subscriber import Rendered, Subscriber, render
+from gateway.plugins.events.subscriber import Group, Rendered, Subscriber, render
 from gateway.services import Services
 from gateway.telemetry import Tally
 from gateway.upstream import UpstreamError
@@ -61,6 +61,9 @@ class Hub:
         self._queues: dict[str, deque[Held]] = {}  # per task, renderings waiting their turn
         self._workers: set[asyncio.Task[None]] = set()
         self._pollers: dict[str, asyncio.Task[None]] = {}  # "task:<id>" or "tenant:<name>"
+        # the newest rendering of each task watched on its own stream, per group: a stream opening on a task
+        # already watched here starts from it, at no upstream call, while the feed keeps it current
+        self._latest: dict[str, dict[Group, Rendered]] = {}
 
     def attach(self, services: Services, poll_interval_sec: float, down_close_sec: float) -> None:
         self.services = services
@@ -93,8 +96,19 @@ class Hub:
             subs.discard(sub)
             if not subs:
                 del index[key]
+                self._latest.pop(key, None)
         if not self.open:
             self._idle_since = time.monotonic()
+
+    def current(self, sub: Subscriber) -> Rendered | None:
+        """The state a task stream opens with when the hub already holds it (None: ask the status route)."""
+        if self.mode != "feed" or not self.ready.is_set() or sub.task_id is None:
+            return None
+        return self._latest.get(sub.task_id, {}).get(sub.group)
+
+    def remember(self, sub: Subscriber, event: Rendered) -> None:
+        if event.task_id in self.by_task:
+            self._latest.setdefault(event.task_id, {})[sub.group] = event
 
     def stop(self) -> None:
         for task in [self._runner, *self._workers, *self._pollers.values()]:
@@ -132,7 +146,7 @@ class Hub:
 
     async def deliver(self, task_id: str, watchers: list[Subscriber], held: Held) -> None:
         """Render `held` (or the current state) once per group of `watchers` and offer it to each."""
-        groups: dict[tuple[int, str], list[Subscriber]] = {}
+        groups: dict[Group, list[Subscriber]] = {}
         for sub in watchers:
             if sub.ended is None:
                 groups.setdefault(sub.group, []).append(sub)
@@ -148,8 +162,9 @@ class Hub:
                 continue
             self._offer(subs, task_id, event)
 
-    @staticmethod
-    def _offer(subs: list[Subscriber], task_id: str, event: Rendered | None) -> None:
+    def _offer(self, subs: list[Subscriber], task_id: str, event: Rendered | None) -> None:
+        if event is not None:
+            self.remember(subs[0], event)
         for sub in subs:
             if event is not None:
                 sub.offer(event)

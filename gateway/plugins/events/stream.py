@@ -58,8 +58,9 @@ class EventStream:
             if sub.ended is not None:
                 break
             sub.wake.clear()
-            try:
-                await asyncio.wait_for(sub.wake.wait(), idle_until - time.monotonic())
+            try:  # a timeout scope, not wait_for: no task of its own for each waiting stream
+                async with asyncio.timeout(idle_until - time.monotonic()):
+                    await sub.wake.wait()
             except TimeoutError:
                 sub.end("idle")
         if sub.ended in ABORTS:

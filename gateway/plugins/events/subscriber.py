@@ -27,6 +27,7 @@ EARLY_EVENTS = 1_000
 SEP = "\n"
 
 Key = tuple[Any, ...]
+Group = tuple[str, int, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +85,10 @@ class Subscriber:
     last: dict[str, tuple[str | None, Key]] = field(default_factory=dict)
 
     @property
-    def group(self) -> tuple[int, str]:
-        """Subscribers with one group share each rendering: the same view, the same link base."""
-        return id(self.view), self.link_base
+    def group(self) -> Group:
+        """Subscribers with one group share each rendering: the same tenant (a rendering is asked on its behalf:
+        another tenant naming the task gets its own 404, never this one's state), view and link base."""
+        return self.tenant, id(self.view), self.link_base
 
     def offer(self, event: Rendered) -> None:
         if self.ended is not None:
