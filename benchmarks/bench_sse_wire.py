@@ -8,7 +8,9 @@ send a heartbeat comment every second (15 s in the product: 1 s here so that the
 they cost can be measured). Variant `sse`: EventSourceResponse with its ping (a task of its
 own per stream), its disconnect listener and its shutdown watcher. Variant `streaming`: a
 StreamingResponse whose generator sends the heartbeat itself (a timeout scope on the event), with
-Starlette's own disconnect listener. Measured, alternately, in one run: the server's RSS
+Starlette's own disconnect listener. Variant `gateway`: the gateway's own stream body
+(gateway/plugins/events/stream.py: the request's task and one disconnect watcher, no anyio).
+Measured, alternately, in one run: the server's RSS
 growth per 1,000 open streams, and its CPU share over 10 s of heartbeats only.
 """
 from __future__ import annotations
@@ -57,7 +59,23 @@ APP = textwrap.dedent('''
     async def health(request):
         return PlainTextResponse("ok")
 
-    app = Starlette(routes=[Route("/s", stream), Route("/healthz", health)])
+    class GatewayStream:
+        """The gateway's own stream body (gateway/plugins/events/stream.py) on a subscriber nothing feeds."""
+
+        async def __call__(self, scope, receive, send):
+            from gateway.plugins.events.stream import EventStream
+            from gateway.plugins.events.subscriber import Subscriber
+
+            sub = Subscriber("t", "x", "r", None, None, "", 262144)
+            sub.open([], None)
+
+            async def finish(outcome, events):
+                pass
+
+            stream = EventStream(sub, 3000, BEAT, 3600, 30, finish)
+            await stream(scope, receive, send, [("content-type", "text/event-stream")])
+
+    app = Starlette(routes=[Route("/s", stream), Route("/g", GatewayStream()), Route("/healthz", health)])
 ''')
 
 
@@ -79,7 +97,8 @@ async def measure(variant: str, workdir: Path) -> tuple[float, float]:
     server = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "uvicorn", "wire_app:app", "--port", str(port), "--loop", "uvloop", "--http",
         "httptools", "--log-level", "warning", "--limit-concurrency", "10000", cwd=workdir,
-        env={**os.environ, "VARIANT": variant, "BEAT": str(HEARTBEAT_SEC), "PYTHONPATH": str(workdir)})
+        env={**os.environ, "VARIANT": variant, "BEAT": str(HEARTBEAT_SEC),
+             "PYTHONPATH": f"{workdir}:{Path(__file__).resolve().parents[1]}"})
     try:
         import httpx
 
@@ -89,7 +108,7 @@ async def measure(variant: str, workdir: Path) -> tuple[float, float]:
         writers = []
         for _ in range(STREAMS):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"GET /s HTTP/1.1\r\nHost: x\r\n\r\n")
+            writer.write(f"GET /{'g' if variant == 'gateway' else 's'} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
             writers.append((reader, writer))
         await asyncio.sleep(3)
         grown = (rss(server.pid) - before) / (STREAMS / 1000)
@@ -117,7 +136,7 @@ async def main() -> None:
     print(f"load average: {os.getloadavg()}; {STREAMS} streams, heartbeat every {HEARTBEAT_SEC:g} s")
     with tempfile.TemporaryDirectory(prefix="bench-sse-wire-") as tmp:
         for round_ in (1, 2):
-            for variant in ("sse", "streaming"):
+            for variant in ("sse", "streaming", "gateway"):
                 grown, share = await measure(variant, Path(tmp))
                 print(f"round {round_} {variant:9}: RSS +{grown / 2**20:.1f} MiB per 1,000 streams, "
                       f"CPU {100 * share:.1f} % of a core with heartbeats only", flush=True)

@@ -163,7 +163,7 @@ class GatewayResponse:
                 return
             # uvicorn's send() returns quietly once the client is gone: without this, a download whose client left
             # would go on reading the whole file from the upstream into nowhere
-            gone = asyncio.ensure_future(_disconnected(receive))
+            gone = asyncio.ensure_future(disconnected(receive))
             try:
                 async for chunk in self.stream:
                     if gone.done() and gone.result():
@@ -183,7 +183,7 @@ class GatewayResponse:
                 self.close()
 
 
-async def _disconnected(receive: Receive) -> bool:
+async def disconnected(receive: Receive) -> bool:
     """True once the client has gone away; False for a `receive` that never waits (a test double, not a server).
 
     A streamed answer comes after its request was sent upstream whole (or the upstream answered early and

@@ -95,7 +95,8 @@ def test_the_sdk_resumes_through_a_gateway_restart_and_reaches_completed(
     requests = Requests()
     states: list[Task] = []
     outcome: dict[str, Any] = {}
-    with ExportsClient(b.url, DEMO_KEY, transport=requests) as client:
+    # retries: the gateway may take a while to come back on a loaded machine; the SDK keeps trying meanwhile
+    with ExportsClient(b.url, DEMO_KEY, transport=requests, retries=8) as client:
         task = client.submit("six_export")
 
         def follow() -> None:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 from collections import Counter
 from typing import Any, ClassVar, Coroutine, Literal
 
 from pydantic import Field
 
+from exports_common import shutdown
 from exports_common.errors import ApiError, ErrorKind, unavailable
 from gateway.context import Handler, RequestContext
 from gateway.plugins.base import Contract, CurrentServices, PluginBase, RouteInfo, Settings
@@ -32,13 +32,12 @@ from gateway.plugins.events.cap import StreamCap
 from gateway.plugins.events.feed import NoFeed, lines, query
 from gateway.plugins.events.hub import Hub
 from gateway.plugins.events.stream import EventStream
-from gateway.plugins.events.subscriber import Rendered, Subscriber, render
+from gateway.plugins.events.subscriber import EVENT_ID, Rendered, Subscriber, render
 from gateway.response import GatewayResponse
 from gateway.services import Services
 from gateway.upstream import UpstreamError
 
 MEDIA_TYPE = "text/event-stream"
-_EVENT_ID = re.compile(r"[!-~]{1,128}")
 # a tenant stream resumed after a break catches up on at most this many of its tasks; more: a fresh start
 CATCH_UP_TASKS = 1_000
 OUTCOMES = ("terminal", "idle", "client_closed", "slow_reader", "shutdown", "upstream_down", "gone", "error",
@@ -78,6 +77,12 @@ class Hubs:
                                   "change feed connections: connected, failed, gap, resumed, no_feed")
         self.polls = metrics.tally("gateway_event_polls", ("upstream",), "status polls made for event streams "
                                    "(upstreams without a change feed)")
+        shutdown.on_shutdown(self.end_all)
+
+    def end_all(self) -> None:
+        """A graceful shutdown: every stream ends at once, and its client resumes elsewhere."""
+        for hub in self.by_upstream.values():
+            hub.end_all("shutdown")
 
     def hub(self, upstream: str, services: Services) -> Hub:
         hub = self.by_upstream.get(upstream)
@@ -249,5 +254,5 @@ class Events(PluginBase[EventsSettings]):
 
 def _last_event_id(ctx: RequestContext) -> str | None:
     value = ctx.request.headers.get("last-event-id")
-    return value if value is not None and _EVENT_ID.fullmatch(value) else None
+    return value if value is not None and EVENT_ID.fullmatch(value) else None
 

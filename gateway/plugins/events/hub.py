@@ -203,7 +203,7 @@ class Hub:
                     log.warning("the change feed failed; reconnecting", extra={"upstream": self.upstream,
                                                                                "error": str(exc)[:300]})
                     if now - down_since >= self.down_close_sec:
-                        self._end_all("upstream_down")
+                        self.end_all("upstream_down")
                     await asyncio.sleep(random.uniform(backoff / 2, backoff))
                     backoff = min(BACKOFF_MAX_SEC, backoff * 2)
         finally:
@@ -241,7 +241,7 @@ class Hub:
             for sub in list(subs):
                 sub.end("resync")
 
-    def _end_all(self, reason: str) -> None:
+    def end_all(self, reason: str) -> None:
         for index in (self.by_task, self.by_tenant):
             for subs in list(index.values()):
                 for sub in list(subs):

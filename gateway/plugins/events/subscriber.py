@@ -9,11 +9,10 @@ is dropped (it resumes later with Last-Event-ID), so no reader holds memory with
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
-
-from sse_starlette import ServerSentEvent
 
 from exports_common.contract import TERMINAL
 from gateway.answer_view import AnswerView
@@ -26,6 +25,8 @@ REMEMBERED_TASKS = 10_000
 EARLY_EVENTS = 1_000
 SEP = "\n"
 
+# a change id, and a Last-Event-ID worth reading: printable ASCII, no spaces, bounded
+EVENT_ID = re.compile(r"[!-~]{1,128}")
 Key = tuple[Any, ...]
 Group = tuple[str, int, str]
 
@@ -52,8 +53,11 @@ async def render(resp: GatewayResponse) -> Rendered | None:
     if not isinstance(task, dict) or not isinstance(task.get("task_id"), str):
         return None
     change = task.get("change_id")
-    event_id = change if isinstance(change, str) and change else None
-    frame = ServerSentEvent(body.decode(), event="status", id=event_id, sep=SEP).encode()
+    # an id that could break the framing (an upstream's own) is left out, as for an upstream without a log
+    event_id = change if isinstance(change, str) and EVENT_ID.fullmatch(change) else None
+    # the envelope is compact JSON on one line (a newline inside a JSON string is escaped)
+    head = f"id: {event_id}{SEP}event: status{SEP}data: " if event_id is not None else f"event: status{SEP}data: "
+    frame = head.encode() + body + f"{SEP}{SEP}".encode()
     key = (task.get("status"), task.get("progress"), task.get("current_step"), task.get("attempt"))
     return Rendered(task["task_id"], event_id, key, task.get("status") in TERMINAL, frame)
 
