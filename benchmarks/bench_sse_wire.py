@@ -38,6 +38,9 @@ APP = textwrap.dedent('''
     from starlette.routing import Route
 
     VARIANT, BEAT = os.environ["VARIANT"], float(os.environ["BEAT"])
+    # imported before the baseline is read, as the other variants' modules are
+    from gateway.plugins.events.stream import EventStream
+    from gateway.plugins.events.subscriber import Subscriber
 
     async def frames():
         woken = asyncio.Event()
@@ -63,9 +66,6 @@ APP = textwrap.dedent('''
         """The gateway's own stream body (gateway/plugins/events/stream.py) on a subscriber nothing feeds."""
 
         async def __call__(self, scope, receive, send):
-            from gateway.plugins.events.stream import EventStream
-            from gateway.plugins.events.subscriber import Subscriber
-
             sub = Subscriber("t", "x", "r", None, None, "", 262144)
             sub.open([], None)
 
