@@ -15,6 +15,7 @@ from backend_stub import janitor, metrics, tracing
 from backend_stub.admin_api import AdminApi
 from backend_stub.api import BackendApi
 from backend_stub.callbacks import CallbackSender
+from backend_stub.change_feed import ChangeFeed
 from backend_stub.config import BackendConfig
 from backend_stub.disk_space import DiskSpace
 from backend_stub.files import ResultFiles
@@ -71,6 +72,9 @@ def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
     metrics.seed(config.export_types, config.workers)
     routes = [*api.routes(), *AdminApi(store).routes(), Route("/metrics", metrics.endpoint(store), methods=["GET"]),
               Route("/readyz", readyz, methods=["GET"])]
+    if config.change_log.feed:  # without it, a gateway's 404 makes it poll each watched task instead
+        routes.append(Route("/events", ChangeFeed(store, config.change_log.feed_heartbeat_sec).events,
+                            methods=["GET"]))
     handlers = {**exception_handlers(), RedisError: redis_failed}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     return tracing.TracingMiddleware(HttpFault(app, config.http_fault, counter))

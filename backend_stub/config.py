@@ -178,6 +178,10 @@ class ChangeLogConfig(Strict):
     retention_sec: int = Field(600, ge=600, le=86_400, description=(
         "entries are kept at least this long: a consumer that was away longer starts again from the current "
         "state. Memory grows with the changes per second times this"))
+    feed: bool = Field(True, description="serve the log as GET /events, which gateways follow to push task "
+                       "changes to their clients (false: gateways poll each watched task instead)")
+    feed_heartbeat_sec: float = Field(5.0, gt=0, le=60, description=(
+        "a quiet feed sends its position this often, so a gateway can tell a live feed from a dead one"))
 
 
 class SchedulerConfig(Strict):

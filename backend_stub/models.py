@@ -79,7 +79,7 @@ class Task:
             current_step=self.current_step, attempt=self.attempt, created_at=rfc3339(self.created_at),
             updated_at=rfc3339(self.updated_at), result=result, error=self.error, degraded=self.degraded,
             callback=callback, reruns=self.reruns, format=self.format, timeout_sec=self.timeout_sec,
-            estimated_completion_sec=estimated_completion_sec,
+            estimated_completion_sec=estimated_completion_sec, change_id=self.change_id or None,
         ).answer()
 
 

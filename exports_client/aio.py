@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -11,7 +12,7 @@ from typing import Any, Self, TypeVar
 
 import httpx
 
-from exports_client import core, flows
+from exports_client import core, flows, sse
 from exports_client.client import ProgressCallback
 from exports_client.models import ExportType, Task
 from exports_client.webhooks import verify_webhook
@@ -28,11 +29,12 @@ class AsyncExportsClient:
                  retries: int = 3, transport: httpx.AsyncBaseTransport | None = None,
                  clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, streams: bool = True) -> None:
         self.base_url, api_key = core.resolve(base_url, api_key)
         rng = rng or random.Random()
         self._ctx = flows.Context(self.base_url, api_key, core.RetryPolicy(retries=retries, rng=rng), rng, clock)
         self._sleep = sleep
+        self._streams = streams  # False: wait polls the status route, never opening an event stream
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport,
                                        headers={"User-Agent": core.USER_AGENT})
 
@@ -45,26 +47,50 @@ class AsyncExportsClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _run(self, flow: flows.Flow[T]) -> T:
-        """Carry out a flow's steps with awaits; an error goes back into the flow."""
-        reply: httpx.Response | None = None
+    async def _run(self, flow: flows.Flow[T], on_emit: ProgressCallback | None = None) -> T:
+        """Carry out a flow's steps; each task it emits goes to `on_emit`."""
+        result: list[T] = []
+        async for task in self._steps(flow, result):
+            if on_emit is not None:
+                on_emit(task)
+        return result[0]
+
+    async def _steps(self, flow: flows.Flow[T], result: list[T]) -> AsyncIterator[Task]:
+        """Carry out a flow's steps with awaits, yielding the tasks it emits and appending its value to `result`;
+        an error goes back into the flow."""
+        reply: flows.Reply = None
         failure: Exception | None = None
-        while True:
-            try:
-                step = flow.throw(failure) if failure is not None else flow.send(reply)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            reply, failure = None, None
-            try:
-                if isinstance(step, flows.Sleep):
-                    await self._sleep(step.seconds)
-                elif isinstance(step, flows.Stream):
-                    reply = await self._stream(step)
-                else:
-                    reply = await self._http.request(step.method, step.path, params=step.params, json=step.json,
-                                                     headers={**core.auth_headers(self._ctx.api_key), **step.headers})
-            except Exception as exc:  # noqa: BLE001 (back into the flow: it retries transport errors and re-raises the rest after its cleanup)
-                failure = exc
+        events = _Events()
+        try:
+            while True:
+                try:
+                    step = flow.throw(failure) if failure is not None else flow.send(reply)
+                except StopIteration as done:
+                    result.append(done.value)
+                    return
+                reply, failure = None, None
+                if isinstance(step, flows.Emit):
+                    yield step.task
+                    continue
+                try:
+                    if isinstance(step, flows.Sleep):
+                        await self._sleep(step.seconds)
+                    elif isinstance(step, flows.Stream):
+                        reply = await self._stream(step)
+                    elif isinstance(step, flows.OpenEvents):
+                        reply = await events.open(self._http, step, core.auth_headers(self._ctx.api_key))
+                    elif isinstance(step, flows.NextEvent):
+                        reply = await events.next(step.deadline - self._ctx.clock())
+                    elif isinstance(step, flows.CloseEvents):
+                        await events.close()
+                    else:
+                        reply = await self._http.request(step.method, step.path, params=step.params, json=step.json,
+                                                         headers={**core.auth_headers(self._ctx.api_key),
+                                                                  **step.headers})
+                except Exception as exc:  # noqa: BLE001 (back into the flow: it retries transport errors and re-raises the rest after its cleanup)
+                    failure = exc
+        finally:
+            await events.close()
 
     async def _stream(self, step: flows.Stream) -> httpx.Response:
         async with self._http.stream("GET", step.url, headers=step.headers) as resp:
@@ -102,8 +128,55 @@ class AsyncExportsClient:
 
     async def wait(self, task_id_or_token: str, *, max_wait: float = 300,
                    on_progress: ProgressCallback | None = None) -> Task:
-        return await self._run(flows.wait(self._ctx, task_id_or_token, max_wait, on_progress))
+        return await self._run(flows.wait(self._ctx, task_id_or_token, max_wait, self._streams), on_progress)
+
+    async def watch(self, task_id: str, *, max_wait: float = 3600) -> AsyncIterator[Task]:
+        """Each state of the task as it changes, from its current one to its terminal one (then it stops)."""
+        result: list[Task] = []
+        async for task in self._steps(flows.wait(self._ctx, task_id, max_wait, self._streams), result):
+            yield task
+        yield result[0]
 
     async def download(self, task_id_or_task: str | Task, dest: core.Dest, *, resume: bool = True,
                        attempts: int = 5) -> Path | None:
         return await self._run(flows.download(self._ctx, task_id_or_task, dest, resume, attempts))
+
+
+class _Events:
+    """The open event stream of an async client's wait, read line by line."""
+
+    def __init__(self) -> None:
+        self._stream: contextlib.AbstractAsyncContextManager[httpx.Response] | None = None
+        self._lines: AsyncIterator[str] | None = None
+        self._parser = sse.EventParser()
+
+    async def open(self, http: httpx.AsyncClient, step: flows.OpenEvents, auth: dict[str, str]) -> httpx.Response:
+        await self.close()
+        timeout = httpx.Timeout(http.timeout.connect, read=step.read_timeout, write=http.timeout.write,
+                                pool=http.timeout.pool)
+        self._stream = http.stream("GET", step.path, headers={**auth, **step.headers}, timeout=timeout)
+        resp = await self._stream.__aenter__()
+        if not core.is_event_stream(resp):
+            await resp.aread()
+        self._lines, self._parser = resp.aiter_lines(), sse.EventParser()
+        return resp
+
+    async def next(self, within: float) -> sse.Event | sse.Heartbeat | None:
+        """The next event or heartbeat; None once the stream has ended; a heartbeat when `within` runs out first
+        (the flow then sees its deadline passed)."""
+        assert self._lines is not None, "a stream is open"
+        try:
+            async with asyncio.timeout(max(0.0, within)):
+                async for line in self._lines:
+                    item = self._parser.feed(line)
+                    if item is not None:
+                        return item
+        except TimeoutError:
+            self._lines = None  # cut mid-line: the stream is no longer readable
+            return sse.HEARTBEAT
+        return None
+
+    async def close(self) -> None:
+        stream, self._stream, self._lines = self._stream, None, None
+        if stream is not None:
+            await stream.__aexit__(None, None, None)

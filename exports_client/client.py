@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
 import httpx
 
-from exports_client import core, flows
+from exports_client import core, flows, sse
 from exports_client.models import ExportType, Task
 from exports_client.webhooks import verify_webhook
 
@@ -23,6 +24,8 @@ class ExportsClient:
 
     `clock`, `sleep` and `rng` are injectable so the timing policy can run on a
     simulated clock; `transport` takes any httpx transport (a test double, a proxy).
+    `streams=False` makes `wait` and `watch` poll instead of following the task's event
+    stream (for a network that cuts long answers).
     """
 
     verify_webhook = staticmethod(verify_webhook)
@@ -30,11 +33,12 @@ class ExportsClient:
     def __init__(self, base_url: str | None = None, api_key: str | None = None, *, timeout: float = 10.0,
                  retries: int = 3, transport: httpx.BaseTransport | None = None,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, streams: bool = True) -> None:
         self.base_url, api_key = core.resolve(base_url, api_key)
         rng = rng or random.Random()
         self._ctx = flows.Context(self.base_url, api_key, core.RetryPolicy(retries=retries, rng=rng), rng, clock)
         self._sleep = sleep
+        self._streams = streams  # False: wait polls the status route, never opening an event stream
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport,
                                   headers={"User-Agent": core.USER_AGENT})
 
@@ -47,28 +51,54 @@ class ExportsClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run(self, flow: flows.Flow[T]) -> T:
-        """Carry out a flow's steps with blocking calls; an error goes back into the flow."""
-        reply: httpx.Response | None = None
-        failure: Exception | None = None
+    def _run(self, flow: flows.Flow[T], on_emit: ProgressCallback | None = None) -> T:
+        """Carry out a flow's steps; each task it emits goes to `on_emit`."""
+        steps = self._steps(flow)
         while True:
             try:
-                step = flow.throw(failure) if failure is not None else flow.send(reply)
+                task = next(steps)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
-            reply, failure = None, None
-            try:
-                if isinstance(step, flows.Sleep):
-                    self._sleep(step.seconds)
-                elif isinstance(step, flows.Stream):
-                    reply = self._stream(step)
-                else:
-                    reply = self._http.request(step.method, step.path, params=step.params, json=step.json,
-                                               headers={**core.auth_headers(self._ctx.api_key), **step.headers})
-            except Exception as exc:  # noqa: BLE001 (back into the flow: it retries transport errors and re-raises the rest after its cleanup)
-                failure = exc
+            if on_emit is not None:
+                on_emit(task)
+
+    def _steps(self, flow: flows.Flow[T]) -> Generator[Task, None, T]:
+        """Carry out a flow's steps with blocking calls, yielding the tasks it emits; an error goes back into
+        the flow."""
+        reply: flows.Reply = None
+        failure: Exception | None = None
+        events = _Events()
+        try:
+            while True:
+                try:
+                    step = flow.throw(failure) if failure is not None else flow.send(reply)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+                reply, failure = None, None
+                if isinstance(step, flows.Emit):
+                    yield step.task
+                    continue
+                try:
+                    if isinstance(step, flows.Sleep):
+                        self._sleep(step.seconds)
+                    elif isinstance(step, flows.Stream):
+                        reply = self._stream(step)
+                    elif isinstance(step, flows.OpenEvents):
+                        reply = events.open(self._http, step, core.auth_headers(self._ctx.api_key))
+                    elif isinstance(step, flows.NextEvent):
+                        reply = events.next()
+                    elif isinstance(step, flows.CloseEvents):
+                        events.close()
+                    else:
+                        reply = self._http.request(step.method, step.path, params=step.params, json=step.json,
+                                                   headers={**core.auth_headers(self._ctx.api_key), **step.headers})
+                except Exception as exc:  # noqa: BLE001 (back into the flow: it retries transport errors and re-raises the rest after its cleanup)
+                    failure = exc
+        finally:
+            events.close()
 
     def _stream(self, step: flows.Stream) -> httpx.Response:
+        """A download's body into its sink."""
         with self._http.stream("GET", step.url, headers=step.headers) as resp:
             if core.not_streamed(resp):
                 resp.read()
@@ -105,10 +135,51 @@ class ExportsClient:
 
     def wait(self, task_id_or_token: str, *, max_wait: float = 300,
              on_progress: ProgressCallback | None = None) -> Task:
-        """Poll until the task is terminal; after `max_wait` s raise WaitTimeout (its token resumes here)."""
-        return self._run(flows.wait(self._ctx, task_id_or_token, max_wait, on_progress))
+        """Follow the task's event stream (polling where streams are not served) until it is terminal; after
+        `max_wait` s raise WaitTimeout (its token resumes here, by polling)."""
+        return self._run(flows.wait(self._ctx, task_id_or_token, max_wait, self._streams), on_progress)
+
+    def watch(self, task_id: str, *, max_wait: float = 3600) -> Iterator[Task]:
+        """Each state of the task as it changes, from its current one to its terminal one (then it stops)."""
+        final = yield from self._steps(flows.wait(self._ctx, task_id, max_wait, self._streams))
+        yield final
 
     def download(self, task_id_or_task: str | Task, dest: core.Dest, *, resume: bool = True,
                  attempts: int = 5) -> Path | None:
         """Stream the result to `dest`; an interrupted transfer goes on with Range. Returns the path written."""
         return self._run(flows.download(self._ctx, task_id_or_task, dest, resume, attempts))
+
+
+class _Events:
+    """The open event stream of a blocking client's wait, read line by line."""
+
+    def __init__(self) -> None:
+        self._stream: contextlib.AbstractContextManager[httpx.Response] | None = None
+        self._lines: Iterator[str] | None = None
+        self._parser = sse.EventParser()
+
+    def open(self, http: httpx.Client, step: flows.OpenEvents, auth: dict[str, str]) -> httpx.Response:
+        self.close()
+        timeout = httpx.Timeout(http.timeout.connect, read=step.read_timeout, write=http.timeout.write,
+                                pool=http.timeout.pool)
+        self._stream = http.stream("GET", step.path, headers={**auth, **step.headers}, timeout=timeout)
+        resp = self._stream.__enter__()
+        if not core.is_event_stream(resp):
+            resp.read()
+        self._lines, self._parser = resp.iter_lines(), sse.EventParser()
+        return resp
+
+    def next(self) -> sse.Event | sse.Heartbeat | None:
+        """The next event or heartbeat; None once the stream has ended. A read waits at most the stream's read
+        timeout (the deadline is checked at each heartbeat)."""
+        assert self._lines is not None, "a stream is open"
+        for line in self._lines:
+            item = self._parser.feed(line)
+            if item is not None:
+                return item
+        return None
+
+    def close(self) -> None:
+        stream, self._stream, self._lines = self._stream, None, None
+        if stream is not None:
+            stream.__exit__(None, None, None)

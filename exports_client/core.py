@@ -6,6 +6,7 @@ means) lives here once.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import uuid
@@ -109,6 +110,33 @@ def is_retryable(resp: httpx.Response, call: Call) -> bool:
     if resp.status_code in RETRY_STATUSES:
         return True
     return call.retry_in_flight and resp.status_code == 409 and _code(resp) == IDEMPOTENCY_IN_FLIGHT
+
+
+EVENT_STREAM = "text/event-stream"
+NO_SUCH_ROUTE = 40400  # the gateway has no such route (an older one, or the route was removed): poll instead
+# answers that say this gateway serves no event stream here: the client polls instead
+STREAMLESS_STATUSES = frozenset({405, 406})
+
+
+def is_event_stream(resp: httpx.Response) -> bool:
+    media = resp.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return resp.status_code == 200 and media == EVENT_STREAM
+
+
+def streams_unsupported(resp: httpx.Response) -> bool:
+    """Whether an answer to an event stream's request means "no streams here" (404 without a task's own code,
+    405, 406, or a success that is not an event stream), rather than a refusal to report."""
+    if resp.status_code == 404:
+        return _code(resp) in (NO_SUCH_ROUTE, None)
+    return resp.status_code in STREAMLESS_STATUSES or resp.is_success
+
+
+def event_data(data: str) -> Any:
+    """The task in an event's data: the envelope the status route answers."""
+    body = json.loads(data)
+    if not isinstance(body, dict) or not isinstance(body.get("data"), dict):
+        raise ValueError("an event's data is not a task envelope")
+    return body["data"]
 
 
 def _code(resp: httpx.Response) -> int | None:

@@ -1,6 +1,7 @@
 """Every client operation as a generator of steps, driven by the sync and the async client alike.
 
-A flow yields what it needs done (`Sleep`, a `Call`, a `Stream` of a file) and
+A flow yields what it needs done (`Sleep`, a `Call`, a `Stream` of a file, an event
+stream's `OpenEvents` / `NextEvent` / `CloseEvents`, a task to `Emit` to the caller) and
 receives the answer (or has the transport error thrown in), so the policy, what to
 retry, how long to wait, when to give up, is written once; `ExportsClient` drives a
 flow with blocking calls and `AsyncExportsClient` with awaits.
@@ -16,11 +17,14 @@ from urllib.parse import urljoin
 
 import httpx
 
-from exports_client import core, polling
+from exports_client import core, polling, sse
 from exports_client.errors import DownloadError, WaitTimeout
 from exports_client.models import ExportType, Task
 
 T = TypeVar("T")
+# an event stream sends a comment at least every 15 s: a read waits for a few of them before calling it cut
+STREAM_READ_TIMEOUT_SEC = 45.0
+DEFAULT_RETRY_SEC = 3.0
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,37 @@ class Stream:
     sink: core.Sink
 
 
-Step = Sleep | core.Call | Stream
-Flow = Generator[Step, httpx.Response | None, T]
+@dataclass(frozen=True)
+class OpenEvents:
+    """Open an event stream (GET `path`): the answer comes back with its headers, its body still to read."""
+
+    path: str
+    headers: dict[str, str]
+    read_timeout: float  # the longest wait for a line: a few heartbeats, cut to the wait's deadline
+
+
+@dataclass(frozen=True)
+class NextEvent:
+    """The open stream's next event or heartbeat (None once it has ended); give up at `deadline` (clock time)."""
+
+    deadline: float
+
+
+@dataclass(frozen=True)
+class CloseEvents:
+    pass
+
+
+@dataclass(frozen=True)
+class Emit:
+    """A task state for the caller (wait's on_progress, watch's next item); the flow goes on at once."""
+
+    task: Task
+
+
+Step = Sleep | core.Call | Stream | OpenEvents | NextEvent | CloseEvents | Emit
+Reply = httpx.Response | sse.Event | sse.Heartbeat | None
+Flow = Generator[Step, Reply, T]
 
 
 @dataclass(frozen=True)
@@ -61,7 +94,7 @@ def send(ctx: Context, call: core.Call) -> Flow[httpx.Response]:
             if delay is None:
                 raise core.unreachable(ctx.base_url, exc) from exc
         else:
-            assert resp is not None
+            assert isinstance(resp, httpx.Response)
             if not core.is_retryable(resp, call):
                 return resp
             delay = ctx.policy.delay(attempt, core.retry_after_of(resp), waited)
@@ -94,11 +127,76 @@ def list_page(ctx: Context, status: str | None, page_size: int, cursor: str | No
     return (yield from data(ctx, core.Call("GET", "/api/v1/exports", params=params)))
 
 
-def wait(ctx: Context, task_id_or_token: str, max_wait: float,
-         on_progress: Callable[[Task], None] | None) -> Flow[Task]:
-    """Poll until the task ends (polling.finished); at `max_wait` raise WaitTimeout, whose token resumes the plan."""
+def wait(ctx: Context, task_id_or_token: str, max_wait: float, use_stream: bool = True) -> Flow[Task]:
+    """Follow the task's event stream until it ends, else poll (polling.finished); each state on the way is
+    emitted. At `max_wait` raise WaitTimeout, whose token resumes the plan."""
     started = ctx.clock()
     plan = polling.plan_for(task_id_or_token, started, max_wait, ctx.rng)
+    if use_stream and not polling.is_token(task_id_or_token):
+        done = yield from follow(ctx, plan, started)
+        if done is not None:
+            return done
+    return (yield from poll(ctx, plan, started))
+
+
+def follow(ctx: Context, plan: polling.PollPlan, started: float) -> Flow[Task | None]:
+    """The task through its event stream: the final state, or None when streams cannot serve this wait (an older
+    gateway, a refusal, a stream that keeps breaking); then the caller polls, from the pace `plan` holds.
+
+    After a break it reconnects with Last-Event-ID after a jittered pause that grows with consecutive breaks
+    (from the stream's `retry:`), so a gateway restart does not bring every client back in the same second.
+    """
+    last_id: str | None = None
+    retry_sec, breaks = DEFAULT_RETRY_SEC, 0
+    while True:
+        remaining = plan.deadline - ctx.clock()
+        if remaining <= 0:
+            raise WaitTimeout(plan.last, plan.token(), ctx.clock() - started)
+        headers = {"Accept": core.EVENT_STREAM, **({"Last-Event-ID": last_id} if last_id else {})}
+        try:
+            resp = yield OpenEvents(core.task_path(plan.task_id, "/events"), headers,
+                                    min(STREAM_READ_TIMEOUT_SEC, remaining + 0.1))
+        except core.TRANSPORT_ERRORS:
+            resp = None
+        if isinstance(resp, httpx.Response) and not core.is_event_stream(resp):
+            yield CloseEvents()
+            if core.streams_unsupported(resp):
+                return None
+            if resp.status_code in core.RETRY_STATUSES:  # 429, 503: poll, at the pace the gateway asked
+                plan.refused(ctx.clock(), core.retry_after_of(resp))
+                return None
+            raise core.error_of(resp)
+        if isinstance(resp, httpx.Response):
+            try:
+                while True:
+                    item = yield NextEvent(plan.deadline)
+                    if item is None:
+                        break
+                    if ctx.clock() >= plan.deadline:
+                        raise WaitTimeout(plan.last, plan.token(), ctx.clock() - started)
+                    if not isinstance(item, sse.Event) or item.event != "status":
+                        continue
+                    breaks, last_id = 0, item.id or last_id
+                    retry_sec = item.retry_ms / 1000 if item.retry_ms else retry_sec
+                    current = Task.from_dict(core.event_data(item.data))
+                    plan.last = current
+                    if current.terminal:
+                        return current
+                    yield Emit(current)
+            except core.TRANSPORT_ERRORS:
+                pass  # cut (or quiet past the deadline): reconnect, or time out just below
+            finally:
+                yield CloseEvents()
+        breaks += 1
+        if breaks > ctx.policy.retries + 1:
+            return None
+        if ctx.clock() >= plan.deadline:
+            raise WaitTimeout(plan.last, plan.token(), ctx.clock() - started)
+        yield Sleep(min(plan.deadline - ctx.clock(), polling.full_jitter(breaks - 1, ctx.rng, floor=0.1,
+                                                                         ceiling=retry_sec * 2 ** breaks)))
+
+
+def poll(ctx: Context, plan: polling.PollPlan, started: float) -> Flow[Task]:
     call = core.Call("GET", core.task_path(plan.task_id))
     while True:
         pause = plan.sleep_before_poll(ctx.clock())
@@ -114,7 +212,7 @@ def wait(ctx: Context, task_id_or_token: str, max_wait: float,
                 raise core.unreachable(ctx.base_url, exc) from exc
             plan.refused(ctx.clock(), None)
             continue
-        assert resp is not None
+        assert isinstance(resp, httpx.Response)
         if core.is_retryable(resp, call):
             plan.refused(ctx.clock(), core.retry_after_of(resp))
             continue
@@ -122,8 +220,7 @@ def wait(ctx: Context, task_id_or_token: str, max_wait: float,
         if polling.finished(current, retry_after):
             return current
         plan.answered(ctx.clock(), current, retry_after)
-        if on_progress is not None:
-            on_progress(current)
+        yield Emit(current)
 
 
 def download(ctx: Context, task_id_or_task: str | Task, dest: core.Dest, resume: bool,
@@ -158,7 +255,7 @@ def _fetch(ctx: Context, url: str, sink: core.Sink) -> Flow[httpx.Response]:
     for _ in range(core.MAX_REDIRECTS + 1):
         auth = core.auth_headers(ctx.api_key) if core.same_origin(url, ctx.base_url) else {}
         resp = yield Stream(url, {**auth, **sink.headers()}, sink)
-        assert resp is not None
+        assert isinstance(resp, httpx.Response)
         location = resp.headers.get("location")
         if resp.status_code not in core.REDIRECTS or not location:
             return resp

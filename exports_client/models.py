@@ -85,6 +85,7 @@ class Task(Model):
     format: str | None = None
     timeout_sec: int | None = None
     estimated_completion_sec: int | None = None
+    change_id: str | None = None
 
     @property
     def terminal(self) -> bool:

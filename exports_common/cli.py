@@ -15,7 +15,7 @@ import uvicorn
 from pydantic import BaseModel
 from starlette.types import ASGIApp
 
-from exports_common import dev_mode, jsonlog
+from exports_common import dev_mode, jsonlog, shutdown
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.connection_limits import ConnectionLimits, bounded_http
 from exports_common.workers import METRICS_DIR_ENV, STARTUP_FAILURE, Supervisor, metrics_dir
@@ -130,7 +130,7 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
                             proxy_headers=False, timeout_keep_alive=limits.keep_alive_sec)
     if workers == 1:
         os.environ.pop(METRICS_DIR_ENV, None)  # one process answers for itself: no other run's files merged in
-        single = uvicorn.Server(server)
+        single = shutdown.Server(server)
         # uvicorn re-raises the Ctrl-C it shut down on; a stop asked for is no error (uvicorn.run swallows it too)
         with contextlib.suppress(KeyboardInterrupt):
             single.run()

@@ -95,7 +95,7 @@ class CallbackState(_View):
 
 
 # set on every task the backend knows; a task still waiting in the gateway's outbox lacks them
-_OMITTED_WHEN_UNKNOWN = ("reruns", "format", "timeout_sec", "estimated_completion_sec")
+_OMITTED_WHEN_UNKNOWN = ("reruns", "format", "timeout_sec", "estimated_completion_sec", "change_id")
 
 
 class Task(_View):
@@ -115,6 +115,8 @@ class Task(_View):
     format: FormatName | None = None
     timeout_sec: Annotated[int, Field(ge=1)] | None = None
     estimated_completion_sec: Count | None = Field(None, description="on a new task: the expected run time")
+    change_id: str | None = Field(None, description="the id of the task's latest change in the backend's change "
+                                  "log (opaque): an event stream resumes after it (`Last-Event-ID`)")
 
     def answer(self) -> dict[str, Any]:
         """The task as an API answer's `data` (a field not known is left out rather than null)."""

@@ -39,6 +39,8 @@ class ErrorKind(Enum):
     RATE_LIMITED = (42900, 429, "too many requests; retry after the time in Retry-After")
     TOO_MANY_ACTIVE_TASKS = (42901, 429, "too many active tasks; wait for some to finish or cancel some")
     OUTBOX_FULL = (42902, 429, "too many submissions are waiting for the export service; retry later")
+    TOO_MANY_STREAMS = (42903, 429, "too many event streams open for this tenant; close some, or retry after "
+                                    "the time in Retry-After")
     IDEMPOTENCY_QUOTA = (42910, 429, "this tenant holds its maximum number of Idempotency-Keys; retry after "
                                      "older ones expire (Retry-After), or submit without the header")
     INTERNAL = (50000, 500, "internal error; the request was not applied, retry later")

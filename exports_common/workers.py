@@ -27,6 +27,8 @@ from typing import Iterator
 
 import uvicorn
 
+from exports_common import shutdown
+
 log = logging.getLogger("workers")
 # where each worker publishes its metrics for the one that is scraped (gateway.worker_metrics)
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -89,7 +91,7 @@ class Supervisor:
                 signal.signal(sig, signal.SIG_DFL)
             code = STARTUP_FAILURE
             try:
-                server = uvicorn.Server(self.config)
+                server = shutdown.Server(self.config)
                 server.run(sockets=[self.sock])
                 code = 0 if server.started else STARTUP_FAILURE
             finally:

@@ -135,6 +135,17 @@ class OutlierConfig(Strict):
     max_ejection_sec: float = Field(300.0, gt=0, description="the longest an endpoint is left out")
 
 
+class ChangeFeedConfig(Strict):
+    """The upstream's change feed (GET `path`, newline-delimited JSON: docs/backend-teams/backend-api.md), which
+    each gateway process follows to push task changes to event streams. Optional in the upstream contract:
+    an upstream that answers it 404, 405 or 501 has its watched tasks polled instead."""
+
+    path: str = Field("/events", pattern=r"^/\S*$")
+    silence_sec: float = Field(20.0, gt=0, le=300, description="a feed silent this long (the backend sends its "
+                                                                 "position every few seconds) is dead: reconnect")
+    reprobe_sec: float = Field(60.0, gt=0, description="an upstream without a feed is asked again this often")
+
+
 class UpstreamConfig(Strict):
     url: str | None = Field(None, pattern=UPSTREAM_URL, description="scheme://host:port of a one-endpoint upstream")
     endpoints: list[Annotated[str, Field(pattern=UPSTREAM_URL)]] = Field(
@@ -146,6 +157,8 @@ class UpstreamConfig(Strict):
     circuit_breaker: CircuitBreakerSettings | None = Field(
         None, description="one breaker for every route to this upstream (a route may have its own: "
                           "policy.circuit_breaker); none: no breaker")
+    change_feed: ChangeFeedConfig | None = Field(
+        default_factory=ChangeFeedConfig, description="the feed event streams follow; none: poll watched tasks")
 
     @model_validator(mode="after")
     def _one_way_to_name_endpoints(self) -> UpstreamConfig:
@@ -224,6 +237,8 @@ class TenantLimitsConfig(Strict):
                                 description="submits (rate_limit: {limit: submits})")
     max_active_tasks: int = Field(1000, ge=1, description="PENDING or RUNNING tasks at once; the backend enforces it")
     max_outbox_entries: int = Field(1000, ge=1, description="submits held in the outbox while the backend is down")
+    max_open_streams: int = Field(1000, ge=1, description="event streams open at once, over every gateway when "
+                                                          "Redis is configured")
 
 
 class TenantLimitsOverride(Strict):
@@ -233,6 +248,7 @@ class TenantLimitsOverride(Strict):
     submits: RateConfig | None = None
     max_active_tasks: int | None = Field(None, ge=1)
     max_outbox_entries: int | None = Field(None, ge=1)
+    max_open_streams: int | None = Field(None, ge=1)
 
 
 class TenantConfig(Strict):
@@ -359,6 +375,7 @@ class GatewayConfig(Strict):
                 requests=(over.requests or base.requests).quota(), submits=(over.submits or base.submits).quota(),
                 max_active_tasks=over.max_active_tasks or base.max_active_tasks,
                 max_outbox_entries=over.max_outbox_entries or base.max_outbox_entries,
+                max_open_streams=over.max_open_streams or base.max_open_streams,
             )
         return Limits(by_tenant, self.address_limit.quota(), self.gateway_processes, self.refusal_hold)
 
@@ -382,9 +399,24 @@ class GatewayConfig(Strict):
                                  f"route {route.name!r} asks for the breaker of upstream {route.upstream!r}, which "
                                  f"has none: set upstreams.{route.upstream}.circuit_breaker, or give the route its "
                                  "own with scope: route"))
+        problems += self._route_references()
         if problems:
             raise located("GatewayConfig", problems)
         return self
+
+    def _route_references(self) -> list[tuple[Loc, str]]:
+        """Every route a plugin names (the route whose answers a stream carries) exists and serves GET."""
+        problems: list[tuple[Loc, str]] = []
+        by_name = {r.name: r for r in self.routes}
+        for i, route in enumerate(self.routes):
+            for at, entry in enumerate(route.plugins):
+                for named in registry().get(entry.name).contract(entry.settings, tuple(route.methods)).routes:
+                    target = by_name.get(named)
+                    if target is None or "GET" not in target.methods:
+                        problems.append((("routes", i, "plugins", at, entry.name),
+                                         f"route `{route.name}`: {entry.name} names route {named!r}, which is not "
+                                         f"a GET route of this config (routes: {sorted(by_name)})"))
+        return problems
 
 
 def workers_refusal(config: GatewayConfig, workers: int) -> str | None:

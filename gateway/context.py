@@ -48,6 +48,9 @@ class RequestContext:
     retry_reason: str | None = None
     # headers every answer to this request carries, whichever plugin produced it
     response_headers: dict[str, str] = field(default_factory=dict)
+    # a task's state the gateway already holds (a change pushed by the upstream's feed): a route's answer
+    # view (gateway/answer_view.py) answers with it instead of calling the upstream
+    held: Any = None
 
     async def read_body(self, limit: int) -> bytes:
         """The request body, read once whoever asks first; more than `limit` bytes is a 413.

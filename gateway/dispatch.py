@@ -90,7 +90,11 @@ async def handle(runtime: Runtime, request: GatewayRequest) -> GatewayResponse:
     elapsed = time.perf_counter() - started
     services.metrics.requests.record(elapsed, route.name, method, route.path, resp.status)
     if runtime.config.access_log:
-        access_log.write(ctx, resp, elapsed, request_trace.trace_id)
+        if resp.events is None:
+            access_log.write(ctx, resp, elapsed, request_trace.trace_id)
+        else:  # a stream's line is written when it ends, with how long it lasted and what it sent
+            resp.events.on_end = lambda events: access_log.write(
+                ctx, resp, time.perf_counter() - started, request_trace.trace_id, events)
     return resp
 
 

@@ -67,6 +67,30 @@ def _errors(*statuses: int) -> dict[str, Any]:
     return out
 
 
+def _events(summary: str, operation: str, first: str, parameters: list[dict[str, Any]]) -> dict[str, Any]:
+    """An event-stream operation: `text/event-stream` whose events each hold a task envelope."""
+    return {"get": {
+        "operationId": operation, "summary": summary,
+        "description": f"Server-sent events. The stream starts with a `retry:` field, then {first}, then one "
+                       "event on every change of status, progress or current_step. Each event is `event: status`, "
+                       "an `id:` (the change id: send it back as `Last-Event-ID` to resume, on any gateway) and "
+                       "`data:` holding what the status route would answer at that moment (the TaskEnvelope, "
+                       "download link signed). A comment line comes at least every 15 s. Send the API key in "
+                       "the Authorization header (a fetch-based SSE client in browsers); never in the query.",
+        "parameters": [*parameters, {"name": "Last-Event-ID", "in": "header", "required": False,
+                                     "description": "resume after this event id",
+                                     "schema": {"type": "string", "pattern": "^[!-~]{1,128}$"}}],
+        "responses": {
+            "200": {"description": "the event stream", "headers": {
+                        "Cache-Control": _header("no-cache"), "X-Accel-Buffering": _header("no")},
+                    "content": {"text/event-stream": {"schema": {
+                        "type": "string", "description": "events whose data is a TaskEnvelope"},
+                        "x-event-data": _ref("TaskEnvelope")}}},
+            **_errors(401, 404, 429, 502, 503, 504),
+        },
+    }}
+
+
 def _accepts(config: GatewayConfig) -> dict[str, Any]:
     """What the plugins in force say about the bodies the gateway accepts (the first to say a thing wins)."""
     found: dict[str, Any] = {}
@@ -216,6 +240,13 @@ def build(config: GatewayConfig, export_types: ExportTypes | None = None) -> dic
                     "responses": {"200": _json(task, "the task", poll), **_errors(401, 404, 429, 502, 503, 504)},
                 },
             },
+            "/api/v1/exports/{task_id}/events": _events(
+                "Follow a task as server-sent events", "streamExportEvents",
+                "an event with the task's current state at once; the stream ends after the terminal event",
+                [TASK_ID_PARAM]),
+            "/api/v1/events": _events(
+                "Follow all of the caller's tasks as server-sent events", "streamEvents",
+                "the current state of the caller's non-terminal tasks (newest first, at most 500)", []),
             "/api/v1/exports/{task_id}/cancel": {
                 "post": {
                     "operationId": "cancelExport", "summary": "Cancel a PENDING or RUNNING task",

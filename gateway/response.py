@@ -1,7 +1,8 @@
 """The one response type that flows back through the plugin chain and out to the client.
 
-A body is either bytes (JSON envelopes, cached answers) or a stream straight from
-the upstream (downloads), which is never held in memory.
+A body is either bytes (JSON envelopes, cached answers), a stream straight from
+the upstream (downloads), which is never held in memory, or an event stream the
+gateway writes itself (`events`, gateway/plugins/events/).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple
+from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Protocol
 
 import orjson
 from starlette.types import Receive, Scope, Send
@@ -19,6 +20,15 @@ from exports_common.envelope import JSON_TYPE, error_body, ok_body
 from exports_common.errors import ApiError
 
 log = logging.getLogger("gateway")
+
+
+class EventBody(Protocol):
+    """A body the gateway writes itself for as long as it lasts (an event stream), given the final headers."""
+
+    on_end: Callable[[int], None] | None  # called with the events sent, once the body has ended
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send,
+                      headers: list[tuple[str, str]]) -> None: ...
 
 
 class _Prepared(NamedTuple):
@@ -36,6 +46,7 @@ class GatewayResponse:
     release: Callable[[], Any] | None = None
     # the upstream client's own way to read the whole body, cheaper than draining `stream` chunk by chunk
     whole: Callable[[], Awaitable[bytes]] | None = None
+    events: EventBody | None = None
     _json: Any = field(default=None, repr=False)
     _prepared: _Prepared | None = field(default=None, repr=False)
 
@@ -140,6 +151,9 @@ class GatewayResponse:
         return raw
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.events is not None:
+            await self.events(scope, receive, send, self.headers)
+            return
         headers = self._raw_headers()
         head_only = scope.get("method") == "HEAD"
         try:
@@ -149,7 +163,7 @@ class GatewayResponse:
                 return
             # uvicorn's send() returns quietly once the client is gone: without this, a download whose client left
             # would go on reading the whole file from the upstream into nowhere
-            gone = asyncio.ensure_future(_disconnected(receive))
+            gone = asyncio.ensure_future(disconnected(receive))
             try:
                 async for chunk in self.stream:
                     if gone.done() and gone.result():
@@ -169,7 +183,7 @@ class GatewayResponse:
                 self.close()
 
 
-async def _disconnected(receive: Receive) -> bool:
+async def disconnected(receive: Receive) -> bool:
     """True once the client has gone away; False for a `receive` that never waits (a test double, not a server).
 
     A streamed answer comes after its request was sent upstream whole (or the upstream answered early and

@@ -8,7 +8,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from starlette.routing import compile_path
+
 from exports_common.signing import DownloadSigner
+from gateway.answer_view import AnswerView, HeldAnswer
 from gateway.config import GatewayConfig, RouteConfig, UpstreamConfig
 from gateway.context import Handler
 from gateway.forwarding import TrustedProxies
@@ -21,7 +24,7 @@ from gateway.router import Router
 from gateway.services import Services, Upstream
 from gateway.telemetry import Metrics
 from gateway.tenants import TenantDirectory
-from gateway.upstream import EndpointPool, OutlierPolicy, Timeouts
+from gateway.upstream import EndpointPool, FeedSettings, OutlierPolicy, Timeouts
 
 
 @dataclass(frozen=True)
@@ -39,29 +42,56 @@ def upstreams_of(config: GatewayConfig, metrics: Metrics) -> dict[str, Upstream]
                                outlier.max_ejection_sec)
         return EndpointPool(u.urls, u.balance, policy, on_eject=lambda url: metrics.ejections.add(name, url))
 
+    def feed(u: UpstreamConfig) -> FeedSettings | None:
+        f = u.change_feed
+        return FeedSettings(f.path, f.silence_sec, f.reprobe_sec) if f is not None else None
+
     return {
-        name: Upstream(name, pool(name, u), Timeouts(connect=u.timeouts.connect, read=u.timeouts.read))
+        name: Upstream(name, pool(name, u), Timeouts(connect=u.timeouts.connect, read=u.timeouts.read), feed(u))
         for name, u in config.upstreams.items()
     }
 
 
 def build_chain(route: RouteConfig, breaker: BreakerUse | None, services: Services,
-                last: Handler | None = None) -> Handler:
+                last: Handler | None = None, views: RouteViews | None = None, held: bool = False) -> Handler:
     """The route's plugins in their YAML order, outermost first, and its upstream call after the last.
 
     The upstream call is the route's policy and `breaker` (GatewayConfig.breaker_of) around the
     proxy (gateway/policy/); a plugin that makes a call of its own (rerun) goes through the same
-    call. `last` stands in for the proxy (gateway.testing ends a chain in a recorder).
+    call. `last` stands in for the proxy (gateway.testing ends a chain in a recorder). `held`
+    builds the route's answer view instead (gateway/answer_view.py): its gatekeepers left out,
+    ending in the held state or the upstream call.
     """
     methods = tuple(route.methods)
     proxy = last or Proxy(services.upstreams[route.upstream], services, route.max_body_bytes,
                           breaker.name if breaker is not None else None)
     call = upstream_call(proxy, route.policy, breaker, services, RouteInfo(route.name, route.upstream, methods, proxy))
-    info = RouteInfo(route.name, route.upstream, methods, call)
-    handler = call
+    info = RouteInfo(route.name, route.upstream, methods, call, views.get if views is not None else None)
+    handler: Handler = HeldAnswer(call) if held else call
     for entry in reversed(route.plugins):
-        handler = registry().get(entry.name)(handler, entry.settings, services, info)
+        plugin = registry().get(entry.name)
+        if not (held and plugin.gatekeeper):
+            handler = plugin(handler, entry.settings, services, info)
     return handler
+
+
+class RouteViews:
+    """Each route's answer view, built the first time a plugin asks for it (by route name)."""
+
+    def __init__(self, config: GatewayConfig, services: Services) -> None:
+        self.config = config
+        self.services = services
+        self._built: dict[str, AnswerView] = {}
+
+    def get(self, name: str) -> AnswerView:
+        view = self._built.get(name)
+        if view is None:
+            route = next(r for r in self.config.routes if r.name == name)  # the config check named it
+            param = compile_path(route.path)[2]
+            handler = build_chain(route, self.config.breaker_of(route), self.services, views=self, held=True)
+            view = self._built[name] = AnswerView(name, route.upstream, next(iter(param), "task_id"),
+                                                  route.rewrite or route.path, handler)
+        return view
 
 
 def build_runtime(config: GatewayConfig, services: Services) -> Runtime:
@@ -75,5 +105,7 @@ def build_runtime(config: GatewayConfig, services: Services) -> Runtime:
         trusted_proxies=TrustedProxies(config.trusted_proxies),
     )
     services.client.resize(config.pool_sizes())
-    chains = {route.name: build_chain(route, config.breaker_of(route), services) for route in config.routes}
+    views = RouteViews(config, services)
+    chains = {route.name: build_chain(route, config.breaker_of(route), services, views=views)
+              for route in config.routes}
     return Runtime(config, services, Router(config.routes), chains)

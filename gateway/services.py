@@ -14,7 +14,7 @@ from gateway.limiter import Limiter
 from gateway.refusal_hold import RefusalHold
 from gateway.telemetry import Metrics, Tracing
 from gateway.tenants import TenantDirectory
-from gateway.upstream import EndpointPool, Timeouts, UpstreamClient
+from gateway.upstream import EndpointPool, FeedSettings, Timeouts, UpstreamClient
 
 T = TypeVar("T")
 
@@ -24,6 +24,7 @@ class Upstream:
     name: str
     pool: EndpointPool
     timeouts: Timeouts
+    feed: FeedSettings | None = None  # its change feed, which event streams follow; None: poll watched tasks
 
     @property
     def url(self) -> str:

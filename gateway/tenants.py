@@ -19,6 +19,7 @@ class TenantLimits:
     submits: Quota
     max_active_tasks: int
     max_outbox_entries: int
+    max_open_streams: int = 1000
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,14 @@ class Timeouts(NamedTuple):  # a tuple: made per try, quicker to build than a fr
     deadline: float | None = None
 
 
+class FeedSettings(NamedTuple):
+    """An upstream's change feed (config: upstreams.<name>.change_feed)."""
+
+    path: str
+    silence_sec: float
+    reprobe_sec: float
+
+
 class UpstreamError(Exception):
     """The upstream gave no usable answer; `retry_after` says when trying again makes sense."""
 

@@ -179,7 +179,7 @@ def test_submit_sends_an_idempotency_key_and_replays_with_a_given_one(stack: Cli
 
 def test_wait_honours_retry_after_and_gives_up_at_max_wait_with_a_resume_token(stack: ClientStack) -> None:
     recorder = Recorder()
-    with client(stack, transport=recorder) as c:
+    with client(stack, transport=recorder, streams=False) as c:
         task = c.submit("slow_export")
         started = time.monotonic()
         with pytest.raises(WaitTimeout) as timeout:

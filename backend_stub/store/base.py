@@ -39,6 +39,10 @@ class ChangeEntry:
     tenant: str
     task: dict[str, Any]  # the record as the status endpoint answers it (`Task.public()`), so no read is needed
 
+    def __post_init__(self) -> None:
+        # the view was written in the same step as the entry, before its id was known: it carries this one
+        self.task["change_id"] = self.change_id
+
 
 class ChangeLogGap(Exception):
     """`after` is not in the log any more: entries after it were trimmed (older than the retention), or the

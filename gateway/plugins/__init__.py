@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from gateway.plugins.auth import Auth
 from gateway.plugins.base import Plugin
+from gateway.plugins.events import Events
 from gateway.plugins.fault import Fault
 from gateway.plugins.idempotency import Idempotency
 from gateway.plugins.list_query import ListQuery
@@ -22,5 +23,5 @@ from gateway.plugins.validate import Validate
 # each class takes its own Settings type; the config layer validated settings against cls.Settings
 PLUGINS: dict[str, type[Plugin]] = {cls.name: cls for cls in (
     RateLimit, Auth, Validate, ListQuery, Idempotency, TaskId, StatusCache, SignedDownload,
-    Rerun, StaleIfError, Outbox, Fault,
+    Rerun, StaleIfError, Outbox, Fault, Events,
 )}

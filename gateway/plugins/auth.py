@@ -23,6 +23,7 @@ class AuthSettings(Settings):
 class Auth(PluginBase[AuthSettings]):
     name: ClassVar[str] = "auth"
     Settings: ClassVar[type[AuthSettings]] = AuthSettings
+    gatekeeper: ClassVar[bool] = True
     provides: ClassVar[frozenset[str]] = frozenset({"tenant"})
 
     def __init__(self, next: Handler, settings: AuthSettings, services: Services, route: RouteInfo) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Callable, ClassVar, Coroutine, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from gateway.answer_view import AnswerView
 from gateway.context import Handler, RequestContext
 from gateway.response import GatewayResponse
 from gateway.services import Services
@@ -38,6 +39,7 @@ class Contract:
     `provides` one of them must come first. `agrees`: values every plugin of the route that
     names the same key must give alike (e.g. the prefix of task ids). `terminal`: it answers
     every request itself and never calls the next handler, so it must be listed last.
+    `routes`: other routes it refers to by name, checked to exist and serve GET.
     """
 
     needs: frozenset[str] = frozenset()
@@ -45,6 +47,8 @@ class Contract:
     defaults: frozenset[str] = frozenset()
     agrees: tuple[tuple[str, object], ...] = ()
     terminal: bool = False
+    # routes this use names (the route whose answers a stream carries): each must exist and serve GET
+    routes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,12 +57,15 @@ class RouteInfo:
 
     `call_upstream` is the route's upstream call (its policy and breaker around the proxy,
     gateway/policy/): a plugin that makes a call of its own (rerun) goes through it.
+    `view_of` gives another route's answer view (a stream carries the status route's answers).
     """
 
     name: str
     upstream: str
     methods: tuple[str, ...]
     call_upstream: Handler
+    # another route's answer for a task the gateway asks about itself (gateway/answer_view.py), by route name
+    view_of: Callable[[str], AnswerView] | None = None
 
 
 S = TypeVar("S", bound=Settings)
@@ -79,6 +86,9 @@ class PluginBase(ABC, Generic[S]):
     provides: ClassVar[frozenset[str]] = frozenset()
     # it answers every request itself (a handler, not a filter): the route's check wants it listed last
     terminal_handler: ClassVar[bool] = False
+    # it only decides whether a request may go on (who calls, how often, which id) and never changes an
+    # answer: a stream runs it once, when it opens on its own route, and a route's answer view leaves it out
+    gatekeeper: ClassVar[bool] = False
 
     def __init__(self, next: Handler, settings: S, services: Services, route: RouteInfo) -> None:
         self.next = next

@@ -34,6 +34,7 @@ class RateLimitSettings(Settings):
 class RateLimit(PluginBase[RateLimitSettings]):
     name: ClassVar[str] = "rate_limit"
     Settings: ClassVar[type[RateLimitSettings]] = RateLimitSettings
+    gatekeeper: ClassVar[bool] = True
 
     def __init__(self, next: Handler, settings: RateLimitSettings, services: Services, route: RouteInfo) -> None:
         super().__init__(next, settings, services, route)

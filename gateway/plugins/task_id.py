@@ -31,6 +31,7 @@ class TaskIdSettings(Settings):
 class TaskId(PluginBase[TaskIdSettings]):
     name: ClassVar[str] = "task_id"
     Settings: ClassVar[type[TaskIdSettings]] = TaskIdSettings
+    gatekeeper: ClassVar[bool] = True
     provides: ClassVar[frozenset[str]] = frozenset({"task_id"})  # either action: `contract` says how
 
     @classmethod
