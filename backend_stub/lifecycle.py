@@ -123,6 +123,16 @@ def release(attempt: int) -> Change:
     return change
 
 
+def unclaimed() -> Change:
+    """Give a claimed task back before it starts (this backend became short of room while the claim waited):
+    the queue holds it again as it was, for a backend with room."""
+
+    def change(task: Task) -> Task | None:
+        return task if task.status == Status.PENDING else None
+
+    return change
+
+
 def cancel(ttl_sec: float) -> Change:
     def change(task: Task) -> Task | None:
         if task.status not in ACTIVE:

@@ -107,8 +107,12 @@ class Workers:
                 await asyncio.sleep(1.0)
                 return
             lease = await self.store.claim(consumer, self.config.lease_sec, wait_sec=1.0)
-            if lease is not None:
-                await self._handle(lease, consumer)
+            if lease is None:
+                return
+            if self.disk.shortage() is not None:  # the disk filled while the claim waited: give the task back
+                await self.store.update(lease.task_id, lifecycle.unclaimed(), enqueue=True, ack=lease)
+                return
+            await self._handle(lease, consumer)
 
         await periodic(f"worker {consumer}", step, 0.0, log, expected=store_down("new tasks wait"), retry_sec=1.0)
 

@@ -99,6 +99,8 @@ class NewerGateway:
             items = [archived(ARCHIVED_ID)] if parse_qs(url.query).get("status") == ["ARCHIVED"] else []
             return self.send(handler, 200, {"code": 0, "message": "success",
                                             "data": {"items": items, "next_cursor": None}})
+        if len(parts) == 5 and parts[4] == "events":  # this gateway serves no event streams: the SDK polls
+            return self.send(handler, 404, {"code": 40400, "message": "no such route", "data": None})
         if len(parts) == 5 and parts[4] == "download":
             handler.send_response(200)
             handler.send_header("Content-Type", "application/vnd.apache.parquet")

@@ -213,7 +213,7 @@ def test_wait_backs_off_through_a_503_and_a_dead_gateway() -> None:
     sim = SimulatedGateway(duration=40, outage=(5, 20))
     clock = sim.clock
     with ExportsClient("http://gw.test", "k", transport=httpx.MockTransport(sim.handle), clock=clock.now,
-                       sleep=clock.sleep, rng=random.Random(3)) as c:
+                       sleep=clock.sleep, rng=random.Random(3), streams=False) as c:
         done = c.wait("exp-20261129-aaaaaaaaaaaaaaaa")
     assert done.status == "COMPLETED"
     gaps = [b - a for a, b in itertools.pairwise(sim.polls)]
