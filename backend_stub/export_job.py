@@ -31,7 +31,7 @@ from backend_stub.formats import FORMATS, WriteOptions
 from backend_stub.models import Task
 from backend_stub.part_file import PartFile
 from backend_stub.result_store import StoreUnavailable
-from backend_stub.sources import Batch
+from backend_stub.sources import Batch, TypedSource
 
 RUNNING_MAX_PROGRESS = 95  # until the file is stored
 STORED_PROGRESS = 99  # COMPLETED is 100
@@ -118,7 +118,8 @@ class ExportJob:
         if output is None:
             raise PermanentFailure("FORMAT_UNAVAILABLE", f"this backend no longer writes {self.task.format!r}")
         with spec.source.open(ctx, spec.filters) as source, PartFile(self.part_path, self.task.compression) as part:
-            writer = output.open(part.stream, source.columns, WriteOptions(spec.csv_escape_formulas))
+            types = source.column_types() if isinstance(source, TypedSource) else None
+            writer = output.open(part.stream, source.columns, WriteOptions(spec.csv_escape_formulas, types))
             estimate = source.estimate_rows()
             ctx.set_step("render")
             started, written = time.monotonic(), 0

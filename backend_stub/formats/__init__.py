@@ -1,9 +1,9 @@
 """Output formats, one module each: a new one is its module (an `OutputFormat` named FORMAT) and a line below."""
 from __future__ import annotations
 
-from backend_stub.formats import csv, jsonl
-from backend_stub.formats.base import OutputFormat, RowWriter, WriteOptions
+from backend_stub.formats import csv, jsonl, parquet
+from backend_stub.formats.base import ColumnType, OutputFormat, RowWriter, WriteOptions
 
-FORMATS: dict[str, OutputFormat] = {f.name: f for f in (csv.FORMAT, jsonl.FORMAT)}
+FORMATS: dict[str, OutputFormat] = {f.name: f for f in (csv.FORMAT, jsonl.FORMAT, parquet.FORMAT)}
 
-__all__ = ["FORMATS", "OutputFormat", "RowWriter", "WriteOptions"]
+__all__ = ["FORMATS", "ColumnType", "OutputFormat", "RowWriter", "WriteOptions"]

@@ -3,7 +3,8 @@
 NULL is an empty CSV field and JSON null; dates are YYYY-MM-DD; timestamps with a
 time zone are written in UTC with a `Z`, without one with no offset; decimals keep
 their exact digits, never going through a float (in JSON a number with those
-digits); binary is base64; booleans are true and false. Anything else is its str().
+digits); binary is base64; booleans are true and false; a JSON column's value is its JSON
+text. Anything else is its str().
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def text(value: Any) -> str | None:
         return decimal_text(value)
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(value).decode("ascii")
+    if isinstance(value, dict | list):  # a JSON column's value: its JSON text
+        return orjson.dumps(value, default=json_value).decode()
     return str(value)
 
 

@@ -11,9 +11,20 @@ from typing import Annotated, Union
 
 from pydantic import Field
 
-from backend_stub.sources.base import API_VERSION, Batch, RowSource, Source, SourceContext, SourceKind
+from backend_stub.sources.base import (
+    API_VERSION,
+    Batch,
+    CheckedAtLoad,
+    RowSource,
+    Source,
+    SourceContext,
+    SourceKind,
+    TypedSource,
+)
+from backend_stub.sources.sql import SqlSource
 from backend_stub.sources.synthetic import SyntheticSource
 
-SourceConfig = Annotated[Union[SyntheticSource], Field(discriminator="kind")]  # noqa: UP007 - one kind today
+SourceConfig = Annotated[Union[SyntheticSource, SqlSource], Field(discriminator="kind")]  # noqa: UP007
 
-__all__ = ["API_VERSION", "Batch", "RowSource", "Source", "SourceConfig", "SourceContext", "SourceKind"]
+__all__ = ["API_VERSION", "Batch", "CheckedAtLoad", "RowSource", "Source", "SourceConfig", "SourceContext",
+           "SourceKind", "TypedSource"]

@@ -1,0 +1,57 @@
+"""A result's column types, from the driver's cursor description (psycopg 3, PyMySQL, sqlite3).
+
+Formats that store types (Parquet) write what the database declares: DECIMAL(p,s) stays a
+decimal of that precision, an unbounded numeric a string, timestamptz a UTC timestamp. A type
+this module does not know is `unknown`, and the writer tells from the values.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pymysql.constants import FIELD_TYPE
+from sqlalchemy.engine import Connection, CursorResult
+
+from backend_stub.formats.base import ColumnKind, ColumnType
+
+# PostgreSQL type OIDs (pg_type)
+_PG_KINDS: dict[int, ColumnKind] = {
+    16: "boolean", 20: "integer", 21: "integer", 23: "integer", 26: "integer", 700: "float", 701: "float",
+    1700: "decimal", 1082: "date", 1083: "time", 1114: "timestamp", 1184: "timestamptz", 17: "binary",
+    25: "string", 1043: "string", 1042: "string", 19: "string", 2950: "string", 114: "json", 3802: "json",
+}
+_MYSQL_KINDS: dict[int, ColumnKind] = {
+    FIELD_TYPE.TINY: "integer", FIELD_TYPE.SHORT: "integer", FIELD_TYPE.LONG: "integer",
+    FIELD_TYPE.LONGLONG: "integer", FIELD_TYPE.INT24: "integer", FIELD_TYPE.YEAR: "integer",
+    FIELD_TYPE.FLOAT: "float", FIELD_TYPE.DOUBLE: "float",
+    FIELD_TYPE.DECIMAL: "decimal", FIELD_TYPE.NEWDECIMAL: "decimal",
+    FIELD_TYPE.DATE: "date", FIELD_TYPE.NEWDATE: "date", FIELD_TYPE.TIME: "time",
+    FIELD_TYPE.DATETIME: "timestamp", FIELD_TYPE.TIMESTAMP: "timestamptz",  # TIMESTAMP is stored in UTC
+    FIELD_TYPE.JSON: "json",
+}
+
+
+def column_types(conn: Connection, result: CursorResult[Any]) -> list[ColumnType]:
+    description = result.cursor.description or ()
+    name = conn.dialect.name
+    if name == "postgresql":
+        return [_pg_type(column) for column in description]
+    if name in ("mysql", "mariadb"):
+        return [_mysql_type(column) for column in description]
+    return [ColumnType("unknown") for _ in description]
+
+
+def _pg_type(column: Any) -> ColumnType:
+    kind = _PG_KINDS.get(column.type_code, "unknown")
+    if kind == "decimal" and column.precision is not None:
+        return ColumnType("decimal", column.precision, column.scale or 0)
+    return ColumnType(kind)
+
+
+def _mysql_type(column: tuple[Any, ...]) -> ColumnType:
+    """PyMySQL describes a DECIMAL by its display length: digits, a point when it has a scale, and a sign
+    for a signed column (which the description does not tell, so one digit more than declared there)."""
+    kind = _MYSQL_KINDS.get(column[1], "unknown")  # text and blob types share codes: the values tell
+    if kind == "decimal":
+        scale = column[5] or 0
+        return ColumnType("decimal", max(1, column[4] - (1 if scale else 0)), scale)
+    return ColumnType(kind)
