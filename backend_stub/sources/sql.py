@@ -39,6 +39,7 @@ from backend_stub.sources.sql_types import column_types
 from exports_common import sql
 
 BATCH_ROWS = 5_000
+CHECK_TIMEOUT_SEC = 10.0  # the load's look at a table or query
 CANCEL_POLL_SEC = 0.1  # how soon a cancel or the deadline reaches the server
 PG_CONNECTION_CHECK_MS = 5_000  # PostgreSQL ends a query whose client died (a killed backend) within this
 ENGINE_SETTINGS = sql.EngineSettings(pool_size=4, max_overflow=16, pool_timeout=10.0, connect_timeout=5.0,
@@ -133,11 +134,14 @@ class SqlSource(Strict):
         engine = engine_for(self.url)
         try:
             with engine.connect() as conn:
+                _limit_statements(conn, CHECK_TIMEOUT_SEC)
                 result = conn.execute(sa.select(sa.text("*")).select_from(self._from_clause(None)).where(sa.false()))
                 names = list(result.keys())
                 types = column_types(conn, result)
                 result.close()
         except sa.exc.SQLAlchemyError as error:
+            if _interrupted(error):  # a query so slow it is not even described in time: not a config error
+                raise sql.SqlUnreachable("the database did not describe the query in time", "") from None
             raise sql.sql_error(error, self.url) from None
         self._columns, self._types = names, types
 
@@ -217,6 +221,7 @@ class SqlRows(RowSource):
         self._ctx = ctx
         self._url = config.replica_url or config.url
         self._statement = config.statement(filters, ctx.filters, ctx.tenant)
+        self._from_table = config.table is not None
         self.columns = list(config._columns or [])
         self._types = config._types
         self._conn: Connection | None = None
@@ -248,7 +253,8 @@ class SqlRows(RowSource):
             name = conn.dialect.name
             if name == "postgresql":
                 conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
-                settings = {"statement_timeout": str(remaining_ms), "TimeZone": "UTC",
+                _limit_statements(conn, remaining_ms / 1000)
+                settings = {"TimeZone": "UTC",
                             "idle_in_transaction_session_timeout": str(remaining_ms)}
                 if (conn.dialect.server_version_info or (0,)) >= (14,):
                     settings["client_connection_check_interval"] = str(PG_CONNECTION_CHECK_MS)
@@ -257,15 +263,13 @@ class SqlRows(RowSource):
             elif name in ("mysql", "mariadb"):
                 conn.exec_driver_sql("SET time_zone = '+00:00'")
                 self._server_id = int(conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar_one())
-                if getattr(conn.dialect, "is_mariadb", False):
-                    conn.execute(sa.text("SET SESSION max_statement_time = :sec"), {"sec": remaining_ms / 1000})
-                else:
-                    conn.execute(sa.text("SET SESSION max_execution_time = :ms"), {"ms": remaining_ms})
+                _limit_statements(conn, remaining_ms / 1000)
                 conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
             else:  # SQLite: one statement reads one consistent state of the file
                 pass
-            self._estimate = _planner_estimate(conn, self._statement)
+            if name == "postgresql" or self._from_table:  # MariaDB's EXPLAIN runs a derived table's query
+                self._estimate = _planner_estimate(conn, self._statement)
             threading.Thread(target=self._watch, name="sql-cancel-watch", daemon=True).start()
             self._result = conn.execution_options(yield_per=BATCH_ROWS).execute(self._statement)
             if self._types is None:
@@ -280,14 +284,14 @@ class SqlRows(RowSource):
         self._exhausted = True
 
     def _watch(self) -> None:
-        """Stop the query on the server once the attempt is cancelled or out of time, or ended early."""
+        """Stop the query on the server once the attempt is cancelled or out of time (again each poll, until the
+        attempt closes: a statement that started just after a cancel is stopped too)."""
         while not self._done.wait(CANCEL_POLL_SEC):
             if self._ctx.cancelled():
                 self._stop_on_server()
-                return
 
     def _stop_on_server(self) -> None:
-        if self._conn is None or self._stopped.is_set():
+        if self._conn is None:
             return
         self._stopped.set()
         try:
@@ -326,10 +330,8 @@ class SqlRows(RowSource):
         if conn is None:
             return
         try:
-            if self._result is not None:
-                self._result.close()
             if ended_early or self._stopped.is_set():
-                conn.invalidate()  # a stream cut short leaves the driver's connection in no state to reuse
+                conn.invalidate()  # a stream cut short: the connection is closed rather than drained or reused
             else:
                 conn.rollback()
         except sa.exc.SQLAlchemyError:
@@ -345,6 +347,18 @@ def _interrupted(error: sa.exc.SQLAlchemyError) -> bool:
         return True
     args: tuple[Any, ...] = getattr(orig, "args", ())
     return bool(args) and args[0] in _MYSQL_INTERRUPTED
+
+
+def _limit_statements(conn: Connection, seconds: float) -> None:
+    """A timeout on the connection's statements: this transaction's (PostgreSQL) or this session's (MariaDB/MySQL,
+    where each use sets its own)."""
+    name = conn.dialect.name
+    if name == "postgresql":
+        conn.execute(sa.select(sa.func.set_config("statement_timeout", str(max(1, int(seconds * 1000))), True)))
+    elif getattr(conn.dialect, "is_mariadb", False):
+        conn.execute(sa.text("SET SESSION max_statement_time = :sec"), {"sec": max(0.001, seconds)})
+    elif name == "mysql":
+        conn.execute(sa.text("SET SESSION max_execution_time = :ms"), {"ms": max(1, int(seconds * 1000))})
 
 
 def _planner_estimate(conn: Connection, statement: sa.Select[Any]) -> int | None:
