@@ -25,6 +25,12 @@ class JsonlWriter:
         return orjson.dumps(dict(zip(self._columns, row, strict=True)), default=cells.json_value, option=_OPTIONS)
 
     def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        if rows:  # columns of types orjson does not write by the output rules are converted first, a column at once
+            columns = list(zip(*rows, strict=True))
+            converters = [cells.column_json(set(map(type, column))) for column in columns]
+            if any(converters):
+                rows = list(zip(*(column if convert is None else map(convert, column)
+                                  for column, convert in zip(columns, converters, strict=True)), strict=True))
         try:
             lines = list(map(self._line, rows))
         except orjson.JSONEncodeError:  # an integer wider than 64 bits, which orjson does not pass to `default`

@@ -20,15 +20,19 @@ neither the URL nor the query: they may reach task records and logs.
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, date, datetime
 from typing import Any, Literal
 
+import psycopg
+import pymysql.cursors
+import pymysql.err
 import sqlalchemy as sa
 from pydantic import Field, PrivateAttr, field_validator, model_validator
-from sqlalchemy.engine import Connection, CursorResult, Engine
+from sqlalchemy.engine import Connection, Engine
 
 from backend_stub.config_model import Strict
 from backend_stub.failures import Cancelled, DeadlineReached, PermanentFailure, TransientFailure
@@ -49,6 +53,9 @@ TABLE_NAME = r"^([A-Za-z_][A-Za-z0-9_$]{0,62}\.)?[A-Za-z_][A-Za-z0-9_$]{0,62}$"
 # errors a statement ends with when its timeout passed or it was cancelled on the server
 _PG_CANCELED = "57014"
 _MYSQL_INTERRUPTED = {1317, 1969, 3024}  # killed query, MariaDB max_statement_time, MySQL max_execution_time
+
+# what SQLAlchemy raises, and the drivers under it (rows are fetched from their cursors)
+DATABASE_ERRORS = (sa.exc.SQLAlchemyError, psycopg.Error, pymysql.err.Error, sqlite3.Error)
 
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
@@ -137,7 +144,7 @@ class SqlSource(Strict):
                 _limit_statements(conn, CHECK_TIMEOUT_SEC)
                 result = conn.execute(sa.select(sa.text("*")).select_from(self._from_clause(None)).where(sa.false()))
                 names = list(result.keys())
-                types = column_types(conn, result)
+                types = column_types(conn.dialect.name, result.cursor.description)
                 result.close()
         except sa.exc.SQLAlchemyError as error:
             if _interrupted(error):  # a query so slow it is not even described in time: not a config error
@@ -225,7 +232,7 @@ class SqlRows(RowSource):
         self.columns = list(config._columns or [])
         self._types = config._types
         self._conn: Connection | None = None
-        self._result: CursorResult[Any] | None = None
+        self._cursor: Any = None  # the driver's server-side cursor
         self._server_id: int | None = None
         self._done = threading.Event()
         self._stopped = threading.Event()  # the watcher stopped the query on the server
@@ -271,16 +278,16 @@ class SqlRows(RowSource):
             if name == "postgresql" or self._from_table:  # MariaDB's EXPLAIN runs a derived table's query
                 self._estimate = _planner_estimate(conn, self._statement)
             threading.Thread(target=self._watch, name="sql-cancel-watch", daemon=True).start()
-            self._result = conn.execution_options(yield_per=BATCH_ROWS).execute(self._statement)
+            self._cursor = _streaming_cursor(conn, self._statement)
             if self._types is None:
-                self._types = column_types(conn, self._result)
+                self._types = column_types(name, self._cursor.description)
 
     def batches(self) -> Iterator[Batch]:
-        assert self._result is not None
+        cursor = self._cursor
         fix = _aware_columns(self._types or [], self._conn)
         with self._translated():
-            for part in self._result.partitions():
-                yield [tuple(row) for row in part] if fix is None else [fix(row) for row in part]
+            while part := cursor.fetchmany(BATCH_ROWS):
+                yield part if fix is None else [fix(row) for row in part]
         self._exhausted = True
 
     def _watch(self) -> None:
@@ -312,7 +319,7 @@ class SqlRows(RowSource):
         """Turns the database's errors inside an attempt into what the job understands."""
         try:
             yield
-        except sa.exc.SQLAlchemyError as error:
+        except DATABASE_ERRORS as error:
             if time.monotonic() >= self._ctx.deadline:
                 raise DeadlineReached() from None
             if self._stopped.is_set() or self._ctx.cancelled():
@@ -322,7 +329,7 @@ class SqlRows(RowSource):
             raise _failure(sql.sql_error(error, self._url)) from None
 
     def close(self) -> None:
-        ended_early = self._result is not None and not self._exhausted
+        ended_early = self._cursor is not None and not self._exhausted
         if ended_early:
             self._stop_on_server()  # else closing a MariaDB stream reads every remaining row
         self._done.set()
@@ -333,20 +340,40 @@ class SqlRows(RowSource):
             if ended_early or self._stopped.is_set():
                 conn.invalidate()  # a stream cut short: the connection is closed rather than drained or reused
             else:
+                self._cursor is None or self._cursor.close()
                 conn.rollback()
-        except sa.exc.SQLAlchemyError:
+        except DATABASE_ERRORS:
             conn.invalidate()
         finally:
             conn.close()
 
 
-def _interrupted(error: sa.exc.SQLAlchemyError) -> bool:
+def _interrupted(error: Exception) -> bool:
     """The server ended the statement: its timeout (the task's deadline) or a cancel."""
-    orig = getattr(error, "orig", None)
+    orig = getattr(error, "orig", error)
     if getattr(orig, "sqlstate", None) == _PG_CANCELED:
         return True
     args: tuple[Any, ...] = getattr(orig, "args", ())
     return bool(args) and args[0] in _MYSQL_INTERRUPTED
+
+
+def _streaming_cursor(conn: Connection, statement: sa.Select[Any]) -> Any:
+    """The statement, compiled by SQLAlchemy with its bound parameters, run on a server-side cursor of the
+    driver (rows come as the driver's tuples, without a Row object per row in between)."""
+    compiled = statement.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    params: Any = compiled.params
+    if conn.dialect.positional:
+        params = [compiled.params[name] for name in compiled.positiontup or ()]
+    driver_conn: Any = conn.connection.dbapi_connection
+    name = conn.dialect.name
+    if name == "postgresql":
+        cursor = driver_conn.cursor(name="export_rows")  # a named cursor: DECLARE, then FETCH a batch at a time
+    elif name in ("mysql", "mariadb"):
+        cursor = driver_conn.cursor(pymysql.cursors.SSCursor)  # unbuffered: rows read as they arrive
+    else:
+        cursor = driver_conn.cursor()
+    cursor.execute(compiled.string, params)
+    return cursor
 
 
 def _limit_statements(conn: Connection, seconds: float) -> None:

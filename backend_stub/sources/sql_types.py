@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from pymysql.constants import FIELD_TYPE
-from sqlalchemy.engine import Connection, CursorResult
 
 from backend_stub.formats.base import ColumnKind, ColumnType
 
@@ -30,9 +29,9 @@ _MYSQL_KINDS: dict[int, ColumnKind] = {
 }
 
 
-def column_types(conn: Connection, result: CursorResult[Any]) -> list[ColumnType]:
-    description = result.cursor.description or ()
-    name = conn.dialect.name
+def column_types(name: str, description: Any) -> list[ColumnType]:
+    """The types of a result's columns, from the cursor description of the dialect `name`."""
+    description = description or ()
     if name == "postgresql":
         return [_pg_type(column) for column in description]
     if name in ("mysql", "mariadb"):
