@@ -6,8 +6,11 @@ with a direct query on the same database. Every test runs on both servers (ids m
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -20,9 +23,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
+import yaml
 from sqlalchemy.engine import Engine
 
 from backend_stub.config import BackendConfig, ExportTypeConfig
+from backend_stub.datasets import DATASETS
 from backend_stub.export_job import ExportJob, JobResult
 from backend_stub.failures import Cancelled, DeadlineReached, PermanentFailure, TransientFailure
 from backend_stub.models import Task
@@ -87,7 +92,7 @@ def job(spec: ExportTypeConfig, tmp_path: Path, fmt: str = "jsonl", filters: Map
         tenant: str = "acme", timeout: float = 60.0) -> ExportJob:
     task = Task(task_id="exp-20260101-aaaaaaaaaaaaaaaa", tenant=tenant, export_type="orders",
                 filters=dict(filters or {}), format=fmt, timeout_sec=int(timeout), callback_url=None,
-                fingerprint="", created_at=0.0, updated_at=0.0)
+                fingerprint="", created_at=0.0, updated_at=0.0, compression=spec.compression)
     return ExportJob(spec, task, time.monotonic() + timeout, tmp_path / f"out.{fmt}", lambda path: None)
 
 
@@ -401,3 +406,116 @@ def test_a_database_nobody_listens_on_fails_the_attempt_as_retryable() -> None:
     assert any("not checked" in w for w in spec.source.check_at_load({}))
     with pytest.raises(TransientFailure):
         spec.source.open(Ctx(), {})
+
+
+def test_a_filter_value_that_looks_like_sql_matches_the_row_holding_that_text(sql_database: SqlDatabase,
+                                                                               tmp_path: Path) -> None:
+    hostile = ["x' OR '1'='1", "a'); DELETE FROM notes; --", "\\'; DROP TABLE notes; #", "50%", ":tenant"]
+    engine = engine_of(sql_database)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE notes (id INTEGER PRIMARY KEY, customer VARCHAR(60))")
+        conn.execute(sa.text("INSERT INTO notes VALUES (:id, :customer)"),
+                     [{"id": i, "customer": value} for i, value in enumerate([*hostile, "plain", "x"])])
+    spec = ExportTypeConfig.model_validate({"source": {"kind": "sql", "url": sql_database.url, "table": "notes",
+                                                       "key": "id"},
+                                            "filters": {"customer": {"type": "string", "column": "customer"}}})
+    for i, value in enumerate(hostile):
+        assert jsonl_rows(run(spec, tmp_path, filters={"customer": value})[0]) == [{"id": i, "customer": value}]
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM notes").scalar_one() == len(hostile) + 2
+    engine.dispose()
+
+
+def test_the_docs_example_loads_on_a_real_table_in_under_15_lines(pg_database: SqlDatabase) -> None:
+    page = (Path(__file__).parent.parent / "docs/backend-teams/export-types.md").read_text()
+    section = page.split("## Add an export type on a real table", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert len(example.splitlines()) < 15
+    engine = engine_of(pg_database)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE invoices (id INTEGER PRIMARY KEY, customer_id TEXT, issued_on DATE, "
+                             "status TEXT, total NUMERIC(12,2))")
+    engine.dispose()
+    url_line = next(line for line in example.splitlines() if "url:" in line)
+    config = BackendConfig.model_validate(yaml.safe_load(example.replace(
+        url_line.split("url: ", 1)[1], pg_database.url)))
+    assert config.load_warnings() == []
+    assert config.export_types["invoice_export"].formats == ["csv", "jsonl", "parquet"]
+
+
+def test_parquet_of_a_source_that_declares_no_types_gzip_compressed(tmp_path: Path) -> None:
+    spec = ExportTypeConfig.model_validate({"source": {"kind": "synthetic", "dataset": "tickets", "rows": 70_000,
+                                                       "seed": 5}, "formats": ["parquet"], "compression": "gzip"})
+    data, result = run(spec, tmp_path, "parquet")
+    parquet = pq.ParquetFile(io.BytesIO(gzip.decompress(data)))
+    assert parquet.metadata.num_rows == result.rows == 70_000 and parquet.metadata.num_row_groups == 2
+    expected = list(DATASETS["tickets"].generate(5, 70_000))
+    assert [tuple(row.values()) for row in parquet.read().to_pylist()] == expected
+
+
+KILLED_EXPORT = """
+import sys, threading, time
+from backend_stub.config import ExportTypeConfig
+from tests.test_sql_source import Ctx
+spec = ExportTypeConfig.model_validate({"source": {"kind": "sql", "url": sys.argv[1], "key": "id",
+                                                   "query": "SELECT 1 AS id, pg_sleep(120) AS slept"}})
+with spec.source.open(Ctx(), {}) as source:
+    print("started", flush=True)
+    for batch in source.batches():
+        pass
+"""
+
+
+def test_a_query_whose_backend_was_killed_ends_on_the_server(pg_database: SqlDatabase) -> None:
+    """kill -9 of the process mid-query: PostgreSQL notices the dead client and ends the query (<= 30 s)."""
+    child = subprocess.Popen([sys.executable, "-c", KILLED_EXPORT, pg_database.url], stdout=subprocess.PIPE,
+                             cwd=Path(__file__).parent.parent)
+    try:
+        wait_until(lambda: server_queries(pg_database), 20, what="the export's query on the server")
+        child.kill()
+        child.wait(5)
+        killed_at = time.monotonic()
+        wait_until(lambda: not server_queries(pg_database), 30, interval=0.2, what="the orphaned query to end")
+        assert time.monotonic() - killed_at < 30
+    finally:
+        child.kill()
+        child.wait()
+
+
+MEASURE = """
+import sys, time
+from pathlib import Path
+from backend_stub.config import ExportTypeConfig
+from backend_stub.export_job import ExportJob
+from tests.test_sql_source import job
+url, rows, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+spec = ExportTypeConfig.model_validate({"source": {"kind": "sql", "url": url, "table": "big", "key": "id"},
+                                        "filters": {"upto": {"type": "integer", "column": "id", "op": "lte"}}})
+spec.source.check_at_load(spec.filters)
+job(spec, out, "csv", {"upto": 20_000}).run()  # warm: every code path loaded, pools and buffers made
+Path("/proc/self/clear_refs").write_text("5")  # the peak RSS starts again from the current RSS
+status = lambda key: int(next(l for l in Path("/proc/self/status").read_text().splitlines()
+                              if l.startswith(key)).split()[1])
+before = status("VmRSS:")
+assert job(spec, out, "csv", {"upto": rows}).run().rows == rows
+print(status("VmHWM:") - before)
+"""
+
+
+def test_memory_stays_flat_whatever_the_row_count(pg_database: SqlDatabase, tmp_path: Path) -> None:
+    engine = engine_of(pg_database)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE big AS SELECT g AS id, md5(g::text) AS note "
+                             "FROM generate_series(1, 400000) AS g")
+        conn.exec_driver_sql("ALTER TABLE big ADD PRIMARY KEY (id)")
+    engine.dispose()
+
+    def growth_kib(rows: int) -> int:
+        done = subprocess.run([sys.executable, "-c", MEASURE, pg_database.url, str(rows), str(tmp_path)],
+                              cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return int(done.stdout.split()[-1])
+
+    small, large = growth_kib(100_000), growth_kib(400_000)
+    assert large - small < 8 * 1024, (small, large)  # 4x the rows, the same memory: no growth per row
+    assert large < 40 * 1024, large
