@@ -519,3 +519,19 @@ def test_memory_stays_flat_whatever_the_row_count(pg_database: SqlDatabase, tmp_
     small, large = growth_kib(100_000), growth_kib(400_000)
     assert large - small < 8 * 1024, (small, large)  # 4x the rows, the same memory: no growth per row
     assert large < 40 * 1024, large
+
+
+def test_a_sqlite_table_exports_through_the_same_source(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'data.db'}"
+    engine = sql.make_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, tenant TEXT, v TEXT)")
+        conn.exec_driver_sql("INSERT INTO t VALUES (2, 'acme', ''), (1, 'acme', 'a,b'), (3, 'globex', 'x')")
+    engine.dispose()
+    spec = ExportTypeConfig.model_validate({"source": {"kind": "sql", "url": url, "table": "t", "key": "id",
+                                                       "tenant_column": "tenant"},
+                                            "filters": {"v": {"type": "string", "column": "v"}}})
+    assert isinstance(spec.source, SqlSource)
+    assert spec.source.check_at_load(spec.filters) == []
+    assert run(spec, tmp_path, "csv")[0] == b'id,tenant,v\r\n1,acme,"a,b"\r\n2,acme,""\r\n'
+    assert run(spec, tmp_path, "csv", {"v": "a,b"})[0] == b'id,tenant,v\r\n1,acme,"a,b"\r\n'

@@ -307,8 +307,9 @@ class SqlRows(RowSource):
                     other.execute(sa.text("KILL QUERY :id"), {"id": self._server_id})
             else:
                 driver_conn = self._conn.connection.dbapi_connection
-                cancel: Callable[[], None] | None = getattr(driver_conn, "cancel_safe", None) or getattr(
-                    driver_conn, "cancel", None)
+                # psycopg's cancel request (cancel_safe since 3.2), sqlite3's interrupt
+                cancel: Callable[[], None] | None = (getattr(driver_conn, "cancel_safe", None) or
+                                                     getattr(driver_conn, "interrupt", None))
                 if cancel is not None:
                     cancel()
         except Exception:  # noqa: BLE001 - best effort: the deadline and the connection's close still end it
@@ -340,7 +341,8 @@ class SqlRows(RowSource):
             if ended_early or self._stopped.is_set():
                 conn.invalidate()  # a stream cut short: the connection is closed rather than drained or reused
             else:
-                self._cursor is None or self._cursor.close()
+                if self._cursor is not None:
+                    self._cursor.close()
                 conn.rollback()
         except DATABASE_ERRORS:
             conn.invalidate()
