@@ -13,12 +13,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -33,8 +34,10 @@ from backend_stub.failures import Cancelled, DeadlineReached, PermanentFailure, 
 from backend_stub.models import Task
 from backend_stub.sources.sql import SqlRows, SqlSource
 from exports_common import sql
+from tests.conftest import backend_config
 from tests.databases import PostgresInstance, SqlDatabase
-from tests.procs import free_port, wait_until
+from tests.helpers import backend_create, wait_status
+from tests.procs import Service, free_port, wait_until
 
 TENANTS = ("acme", "globex")
 STATUSES = ("new", "paid", "shipped")
@@ -535,3 +538,36 @@ def test_a_sqlite_table_exports_through_the_same_source(tmp_path: Path) -> None:
     assert spec.source.check_at_load(spec.filters) == []
     assert run(spec, tmp_path, "csv")[0] == b'id,tenant,v\r\n1,acme,"a,b"\r\n2,acme,""\r\n'
     assert run(spec, tmp_path, "csv", {"v": "a,b"})[0] == b'id,tenant,v\r\n1,acme,"a,b"\r\n'
+
+
+def test_a_backend_serves_sql_types_and_retries_one_whose_database_is_down(
+        services: Callable[..., Service], pg_database: SqlDatabase, tmp_path: Path) -> None:
+    """Through a real backend process: a tenant's Parquet file, and a type that loaded unchecked failing retryably."""
+    engine = engine_of(pg_database)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE sales (id INTEGER PRIMARY KEY, tenant TEXT, amount NUMERIC(12,2))")
+        conn.exec_driver_sql("INSERT INTO sales VALUES (1, 't1', 10.50), (2, 't2', 99.99), (3, 't1', 0.01)")
+    engine.dispose()
+    down = f"postgresql://postgres:hunter2@127.0.0.1:{free_port()}/nowhere"
+    backend = services("backend_stub", backend_config(tmp_path, export_types={
+        "sales": {"source": {"kind": "sql", "url": pg_database.url, "table": "sales", "key": "id",
+                             "tenant_column": "tenant"}, "formats": ["parquet", "csv"]},
+        "down": {"source": {"kind": "sql", "url": down, "table": "t", "key": "id", "tenant_column": "tenant"},
+                 "max_attempts": 2}}))
+    log = backend.log()
+    assert "export type down was not checked" in log and "hunter2" not in log and down not in log
+    created = backend_create(backend.url, {"export_type": "sales"})
+    assert created.status_code == 201, created.text
+    done = wait_status(backend.url, created.json()["data"]["task_id"], timeout=60)
+    assert done["status"] == "COMPLETED" and done["result"]["format"] == "parquet", done
+    file = httpx.get(f"{backend.url}{done['result']['download_url']}", timeout=30)
+    assert file.headers["content-type"] == "application/vnd.apache.parquet"
+    table = pq.read_table(io.BytesIO(file.content))
+    assert table.to_pylist() == [{"id": 1, "tenant": "t1", "amount": Decimal("10.50")},
+                                 {"id": 3, "tenant": "t1", "amount": Decimal("0.01")}]
+    failing = backend_create(backend.url, {"export_type": "down"})
+    assert failing.status_code == 201, failing.text
+    ended = wait_status(backend.url, failing.json()["data"]["task_id"], timeout=60)
+    assert ended["status"] == "FAILED" and ended["attempt"] == 2, ended
+    assert ended["error"]["code"] == "EXPORT_FAILED" and "could not be used" in ended["error"]["message"]
+    assert "hunter2" not in json.dumps(ended) and str(down.split("@")[1]) not in json.dumps(ended)
