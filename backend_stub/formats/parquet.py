@@ -1,5 +1,7 @@
 """Parquet through pyarrow: rows buffered into row groups of 64k rows, each written as it fills.
 
+pyarrow is imported on the first Parquet file, not when the backend starts.
+
 Columns keep the source's types where it declares them (a database's: DECIMAL(p,s) as
 decimal128(p,s), an unbounded numeric as a string with its exact digits, timestamptz as
 timestamp[us, UTC], timestamp as timestamp[us], bytea/BLOB as binary, JSON as its text).
@@ -10,23 +12,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from decimal import Decimal
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import orjson
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from backend_stub.formats import cells
 from backend_stub.formats.base import ColumnType, OutputFormat, WriteOptions
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
 ROW_GROUP_ROWS = 65_536
 _MAX_DECIMAL128_DIGITS = 38
 
-_FIXED: dict[str, pa.DataType] = {
-    "boolean": pa.bool_(), "integer": pa.int64(), "float": pa.float64(), "string": pa.string(),
-    "date": pa.date32(), "time": pa.time64("us"), "timestamp": pa.timestamp("us"),
-    "timestamptz": pa.timestamp("us", tz="UTC"), "binary": pa.binary(), "json": pa.string(),
-}
+
+
+def _fixed(kind: str) -> pa.DataType:
+    import pyarrow as pa
+
+    return {"boolean": pa.bool_(), "integer": pa.int64(), "float": pa.float64(), "string": pa.string(),
+            "date": pa.date32(), "time": pa.time64("us"), "timestamp": pa.timestamp("us"),
+            "timestamptz": pa.timestamp("us", tz="UTC"), "binary": pa.binary(), "json": pa.string()}[kind]
 
 
 def _as_text(value: Any) -> Any:
@@ -41,6 +48,8 @@ def _as_json_text(value: Any) -> Any:
 
 def _declared(column: ColumnType) -> tuple[pa.DataType, Callable[[Any], Any] | None]:
     """The Arrow type of a declared column, and how a value is converted first (None: as it is)."""
+    import pyarrow as pa
+
     if column.kind == "decimal":
         if column.precision is None:
             return pa.string(), _as_text
@@ -51,11 +60,13 @@ def _declared(column: ColumnType) -> tuple[pa.DataType, Callable[[Any], Any] | N
         return pa.string(), _as_json_text
     if column.kind == "string":
         return pa.string(), _as_text
-    return _FIXED[column.kind], None
+    return _fixed(column.kind), None
 
 
 def _inferred(values: Sequence[Any]) -> tuple[pa.DataType, Callable[[Any], Any] | None]:
     """The type of a column of unknown type, from its first non-null value."""
+    import pyarrow as pa
+
     first = next((v for v in values if v is not None), None)
     if first is None or isinstance(first, str | Decimal):
         return pa.string(), _as_text
@@ -98,6 +109,9 @@ class ParquetWriter:
         return self._types
 
     def _write_group(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         types = self._column_types(rows)
         columns = list(zip(*rows, strict=True)) if rows else [()] * len(self._names)
         arrays = [pa.array(list(values) if convert is None else list(map(convert, values)), type=arrow_type)

@@ -20,16 +20,12 @@ neither the URL nor the query: they may reach task records and logs.
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, date, datetime
 from typing import Any, Literal
 
-import psycopg
-import pymysql.cursors
-import pymysql.err
 import sqlalchemy as sa
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from sqlalchemy.engine import Connection, Engine
@@ -53,9 +49,6 @@ TABLE_NAME = r"^([A-Za-z_][A-Za-z0-9_$]{0,62}\.)?[A-Za-z_][A-Za-z0-9_$]{0,62}$"
 # errors a statement ends with when its timeout passed or it was cancelled on the server
 _PG_CANCELED = "57014"
 _MYSQL_INTERRUPTED = {1317, 1969, 3024}  # killed query, MariaDB max_statement_time, MySQL max_execution_time
-
-# what SQLAlchemy raises, and the drivers under it (rows are fetched from their cursors)
-DATABASE_ERRORS = (sa.exc.SQLAlchemyError, psycopg.Error, pymysql.err.Error, sqlite3.Error)
 
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
@@ -320,7 +313,9 @@ class SqlRows(RowSource):
         """Turns the database's errors inside an attempt into what the job understands."""
         try:
             yield
-        except DATABASE_ERRORS as error:
+        except Exception as error:
+            if not _database_error(error, self._conn):
+                raise
             if time.monotonic() >= self._ctx.deadline:
                 raise DeadlineReached() from None
             if self._stopped.is_set() or self._ctx.cancelled():
@@ -344,10 +339,18 @@ class SqlRows(RowSource):
                 if self._cursor is not None:
                     self._cursor.close()
                 conn.rollback()
-        except DATABASE_ERRORS:
+        except Exception as error:
+            if not _database_error(error, conn):
+                raise
             conn.invalidate()
         finally:
             conn.close()
+
+
+def _database_error(error: Exception, conn: Connection | None) -> bool:
+    """An error of SQLAlchemy or of the driver under it (rows are fetched from the driver's cursor)."""
+    return isinstance(error, sa.exc.SQLAlchemyError) or (
+        conn is not None and isinstance(error, conn.dialect.loaded_dbapi.Error))
 
 
 def _interrupted(error: Exception) -> bool:
@@ -371,7 +374,9 @@ def _streaming_cursor(conn: Connection, statement: sa.Select[Any]) -> Any:
     if name == "postgresql":
         cursor = driver_conn.cursor(name="export_rows")  # a named cursor: DECLARE, then FETCH a batch at a time
     elif name in ("mysql", "mariadb"):
-        cursor = driver_conn.cursor(pymysql.cursors.SSCursor)  # unbuffered: rows read as they arrive
+        from pymysql.cursors import SSCursor  # loaded already: the dialect's driver
+
+        cursor = driver_conn.cursor(SSCursor)  # unbuffered: rows read as they arrive
     else:
         cursor = driver_conn.cursor()
     cursor.execute(compiled.string, params)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pymysql.constants import FIELD_TYPE
-
 from backend_stub.formats.base import ColumnKind, ColumnType
 
 # PostgreSQL type OIDs (pg_type)
@@ -18,14 +16,13 @@ _PG_KINDS: dict[int, ColumnKind] = {
     1700: "decimal", 1082: "date", 1083: "time", 1114: "timestamp", 1184: "timestamptz", 17: "binary",
     25: "string", 1043: "string", 1042: "string", 19: "string", 2950: "string", 114: "json", 3802: "json",
 }
+# MySQL protocol field types (pymysql.constants.FIELD_TYPE); TIME comes as a timedelta (it may exceed a day),
+# text and blob types share codes (the values tell)
 _MYSQL_KINDS: dict[int, ColumnKind] = {
-    FIELD_TYPE.TINY: "integer", FIELD_TYPE.SHORT: "integer", FIELD_TYPE.LONG: "integer",
-    FIELD_TYPE.LONGLONG: "integer", FIELD_TYPE.INT24: "integer", FIELD_TYPE.YEAR: "integer",
-    FIELD_TYPE.FLOAT: "float", FIELD_TYPE.DOUBLE: "float",
-    FIELD_TYPE.DECIMAL: "decimal", FIELD_TYPE.NEWDECIMAL: "decimal",
-    FIELD_TYPE.DATE: "date", FIELD_TYPE.NEWDATE: "date", FIELD_TYPE.TIME: "time",
-    FIELD_TYPE.DATETIME: "timestamp", FIELD_TYPE.TIMESTAMP: "timestamptz",  # TIMESTAMP is stored in UTC
-    FIELD_TYPE.JSON: "json",
+    1: "integer", 2: "integer", 3: "integer", 8: "integer", 9: "integer", 13: "integer",  # TINY..LONGLONG, YEAR
+    4: "float", 5: "float", 0: "decimal", 246: "decimal", 10: "date", 14: "date",
+    12: "timestamp", 7: "timestamptz",  # DATETIME; TIMESTAMP, which is stored in UTC
+    245: "json",
 }
 
 
@@ -49,7 +46,7 @@ def _pg_type(column: Any) -> ColumnType:
 def _mysql_type(column: tuple[Any, ...]) -> ColumnType:
     """PyMySQL describes a DECIMAL by its display length: digits, a point when it has a scale, and a sign
     for a signed column (which the description does not tell, so one digit more than declared there)."""
-    kind = _MYSQL_KINDS.get(column[1], "unknown")  # text and blob types share codes: the values tell
+    kind = _MYSQL_KINDS.get(column[1], "unknown")
     if kind == "decimal":
         scale = column[5] or 0
         return ColumnType("decimal", max(1, column[4] - (1 if scale else 0)), scale)
