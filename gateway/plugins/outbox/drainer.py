@@ -15,11 +15,13 @@ that request's span, linked to it), so the task's trace goes on from there.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import socket
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from opentelemetry.trace import StatusCode
 from redis.exceptions import RedisError
@@ -35,6 +37,9 @@ from gateway.upstream import UpstreamError
 
 log = logging.getLogger("gateway.outbox")
 FAILURE_STATUSES = frozenset({500, 502, 503, 504})
+# refusals for now (a timeout, too early, a quota, overloaded): the submission stays first in line and is tried
+# again as the drain backs off; any other 4xx refuses it for good and its task reads FAILED
+TRANSIENT_STATUSES = frozenset({408, 425, 429, 503})
 _TRACE_HEADERS = frozenset({"traceparent", "tracestate"})  # the submit's, stored with it: replaced by the delivery's
 
 
@@ -64,22 +69,27 @@ class OutboxDrainer:
             if item is None:
                 await outbox.unlock(self.owner)
                 return True
-            if not await self._deliver(services, item):
+            outcome = await self._deliver(services, item)
+            if outcome is None:
                 await outbox.unlock(self.owner)
                 return False
-            await outbox.remove(item.task_id)
+            if outcome.error is not None:
+                await outbox.refuse(outcome)
+            else:
+                await outbox.remove(item.task_id)
 
     @staticmethod
     def _lease(services: Services) -> float:
         """Long enough for one delivery to end (connect + read timeouts) before another gateway may start."""
         return 1.0 + max((u.timeouts.connect + u.timeouts.read for u in services.upstreams.values()), default=5.0)
 
-    async def _deliver(self, services: Services, item: OutboxItem) -> bool:
+    async def _deliver(self, services: Services, item: OutboxItem) -> OutboxItem | None:
+        """The item delivered (its `error` set if the upstream refused it for good), or None: try again later."""
         upstream = services.upstreams.get(item.upstream)
         if upstream is None:
             log.error("outboxed submission names an upstream the config no longer has; kept",
                       extra={"task_id": item.task_id, "upstream": item.upstream})
-            return False
+            return None
 
         url = upstream.url + item.path
         stored = {name: value for name, value in item.headers if name in _TRACE_HEADERS}
@@ -96,16 +106,36 @@ class OutboxDrainer:
             breaker = services.breakers.by_upstream.get(item.upstream)
             try:
                 resp = await (guarded(breaker, call, FAILURE_STATUSES, item.tenant) if breaker else call())
-                await resp.read()
+                body = await resp.read()
             except (UpstreamError, ApiError) as exc:  # ApiError: the tenant's own breaker is open
                 span.set_status(StatusCode.ERROR, str(exc))
                 log.info("outbox delivery deferred", extra={"task_id": item.task_id, "error": str(exc)})
-                return False
+                return None
             span.set_attribute("http.response.status_code", resp.status)
-        if resp.status >= 500:
-            return False
-        outcome = "delivered" if resp.status < 400 else "refused"
-        self.delivered.add(outcome)
-        level = logging.INFO if outcome == "delivered" else logging.ERROR
-        log.log(level, f"outboxed submission {outcome}", extra={"task_id": item.task_id, "status": resp.status})
-        return True
+        if resp.status >= 500 or resp.status in TRANSIENT_STATUSES:
+            self.delivered.add("deferred")
+            log.info("outbox delivery deferred: the upstream refused it for now",
+                     extra={"task_id": item.task_id, "status": resp.status})
+            return None
+        if resp.status < 400:
+            self.delivered.add("delivered")
+            log.info("outboxed submission delivered", extra={"task_id": item.task_id, "status": resp.status})
+            return item
+        self.delivered.add("refused")
+        log.error("outboxed submission refused by the upstream; its task reads FAILED",
+                  extra={"task_id": item.task_id, "status": resp.status})
+        return dataclasses.replace(item, error=refusal(resp.status, body))
+
+
+def refusal(status: int, body: bytes) -> dict[str, Any]:
+    """The task's error for a submission its upstream refused: the upstream's own code and message."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    code = doc.get("code") if isinstance(doc, dict) else None
+    message = doc.get("message") if isinstance(doc, dict) else None
+    return {"code": f"SUBMIT_REFUSED_{code if isinstance(code, int) else status}",
+            "message": f"the export service refused the submission held by the gateway ({status}): "
+                       f"{message if isinstance(message, str) else body[:200].decode('utf-8', 'replace')}"[:500],
+            "retryable": False}

@@ -14,9 +14,12 @@ import sqlite3
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from exports_common.redis_client import AnyRedis
+
+# how long a submission the upstream refused stays readable (as a FAILED task) on its status route
+REFUSED_KEEP_SEC = 7 * 86_400
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,8 @@ class OutboxItem:
     headers: list[tuple[str, str]]
     body: str  # base64
     created_at: float
+    # set once the upstream refused it for good: the task's error (TaskError's fields), kept for its status route
+    error: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -53,6 +58,9 @@ class OutboxStore(Protocol):
 
     async def remove(self, task_id: str) -> None: ...
 
+    async def refuse(self, item: OutboxItem) -> None:
+        """Take `item` (its `error` set) out of the order, kept `REFUSED_KEEP_SEC` for `find`."""
+
     async def size(self) -> int: ...
 
     async def tenant_size(self, tenant: str) -> int: ...
@@ -72,6 +80,8 @@ class SqliteOutbox:
         self.db.execute("CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
                         "task_id TEXT UNIQUE NOT NULL, tenant TEXT NOT NULL, item TEXT NOT NULL)")
         self.db.execute("CREATE INDEX IF NOT EXISTS outbox_by_tenant ON outbox (tenant)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS outbox_refused (task_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, "
+                        "item TEXT NOT NULL, refused_at REAL NOT NULL)")
 
     async def put(self, item: OutboxItem) -> None:
         self.db.execute("INSERT OR IGNORE INTO outbox (task_id, tenant, item) VALUES (?,?,?)",
@@ -79,7 +89,19 @@ class SqliteOutbox:
 
     async def find(self, tenant: str, task_id: str) -> OutboxItem | None:
         row = self.db.execute("SELECT item FROM outbox WHERE task_id = ? AND tenant = ?", (task_id, tenant)).fetchone()
+        if row is None:
+            row = self.db.execute("SELECT item FROM outbox_refused WHERE task_id = ? AND tenant = ? AND refused_at > ?",
+                                  (task_id, tenant, time.time() - REFUSED_KEEP_SEC)).fetchone()
         return OutboxItem.from_json(row[0]) if row else None
+
+    async def refuse(self, item: OutboxItem) -> None:
+        now = time.time()
+        with self.db:  # one transaction: the item is never in neither table
+            self.db.execute("BEGIN")
+            self.db.execute("DELETE FROM outbox_refused WHERE refused_at <= ?", (now - REFUSED_KEEP_SEC,))
+            self.db.execute("INSERT OR REPLACE INTO outbox_refused (task_id, tenant, item, refused_at) "
+                            "VALUES (?,?,?,?)", (item.task_id, item.tenant, item.to_json(), now))
+            self.db.execute("DELETE FROM outbox WHERE task_id = ?", (item.task_id,))
 
     async def oldest(self) -> OutboxItem | None:
         row = self.db.execute("SELECT item FROM outbox ORDER BY seq LIMIT 1").fetchone()
@@ -138,9 +160,18 @@ class RedisOutbox:
                         args=[item.task_id, item.to_json()])
 
     async def find(self, tenant: str, task_id: str) -> OutboxItem | None:
-        raw = await self.redis.hget(self.items, task_id)
+        raw = await self.redis.hget(self.items, task_id) or await self.redis.get(self._refused_key(task_id))
         item = OutboxItem.from_json(raw) if raw else None
         return item if item is not None and item.tenant == tenant else None
+
+    def _refused_key(self, task_id: str) -> str:
+        return f"{self.tag}:refused:{task_id}"
+
+    async def refuse(self, item: OutboxItem) -> None:
+        # written before the item leaves the order: a crash between the two delivers it again, and the
+        # backend refuses it again
+        await self.redis.set(self._refused_key(item.task_id), item.to_json(), ex=REFUSED_KEEP_SEC)
+        await self.remove(item.task_id)
 
     async def oldest(self) -> OutboxItem | None:
         task_id = await self.redis.lindex(self.order, 0)
