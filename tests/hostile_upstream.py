@@ -9,7 +9,7 @@ services. Each answer closes its connection. By the request's path:
 - `/hang/...`: no answer at all, until the caller goes away.
 - `POST /exports`, a submit (the outbox's): by its `export_type`, `quota` is refused 429 (the active-task
   quota) twice, then created; `refused` is refused 422 for good; `GET /exports/{id}` answers a created
-  task, else 404.
+  task, else 404. `/stats` lists the submits' answers in order.
 - `/stats`: how many endless answers are being written now and were ever started, how many calls hang now,
   and the submits seen by task id.
 - anything else: 200 with the request target exactly as it arrived, and its Host header.
@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-STATE: dict[str, Any] = {"endless_open": 0, "endless_started": 0, "hanging": 0, "submits": {}}
+STATE: dict[str, Any] = {"endless_open": 0, "endless_started": 0, "hanging": 0, "submits": {}, "answers": []}
 CREATED: dict[str, dict[str, Any]] = {}
 PIECE = b"{\"x\":\"" + b"a" * 65_000 + b"\"},"
 
@@ -42,9 +42,12 @@ def _submit(fields: list[str], body: bytes) -> bytes:
     seen = STATE["submits"][task_id] = STATE["submits"].get(task_id, 0) + 1
     kind = json.loads(body).get("export_type")
     if kind == "refused":
+        STATE["answers"].append([task_id, 422])
         return _json(None, "422 Unprocessable Entity", 42200, "export_type 'refused' is not offered here")
     if kind == "quota" and seen <= 2:
+        STATE["answers"].append([task_id, 429])
         return _json({"active": 1, "limit": 1}, "429 Too Many Requests", 42901, "tenant has 1 active tasks")
+    STATE["answers"].append([task_id, 201])
     CREATED[task_id] = {"task_id": task_id, "export_type": kind, "status": "PENDING", "progress": 0,
                         "current_step": None, "attempt": 1, "created_at": "2026-01-01T00:00:00Z",
                         "updated_at": "2026-01-01T00:00:00Z", "result": None, "error": None, "degraded": False,

@@ -203,8 +203,11 @@ def test_outboxed_submits_survive_transient_refusals_and_a_final_refusal_reads_f
 
     # 429 twice (the active-task quota), then created: kept and tried again, not dropped
     wait_until(lambda: not status("quota")["degraded"], 20, what="the quota-refused submit to be delivered")
-    seen = httpx.get(f"{backend.url}/stats", timeout=5).json()["data"]["submits"]
-    assert seen[ids["quota"]] == 3
+    stats = httpx.get(f"{backend.url}/stats", timeout=5).json()["data"]
+    assert stats["submits"][ids["quota"]] == 3
+    # the quota-refused submit waited alone: the one behind it was tried before its retries
+    answers = [tuple(a) for a in stats["answers"]]
+    assert answers.index((ids["refused"], 422)) < answers.index((ids["quota"], 201))
     failed = wait_until(lambda: (s := status("refused"))["status"] == "FAILED" and s, 20,
                         what="the refused submit to read FAILED")
     assert failed["error"]["code"] == "SUBMIT_REFUSED_42200" and "not offered" in failed["error"]["message"]

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import os
+import random
 import socket
 import time
 from typing import Any, Callable
@@ -30,6 +31,7 @@ from exports_common.errors import ApiError
 from exports_common.periodic import periodic
 from gateway.breakers import guarded
 from gateway.plugins.outbox.store import OutboxItem, OutboxStore
+from gateway.policy.retry import retry_after_seconds
 from gateway.response import GatewayResponse
 from gateway.services import Services
 from gateway.telemetry import Tally, inject
@@ -37,9 +39,11 @@ from gateway.upstream import UpstreamError
 
 log = logging.getLogger("gateway.outbox")
 FAILURE_STATUSES = frozenset({500, 502, 503, 504})
-# refusals for now (a timeout, too early, a quota, overloaded): the submission stays first in line and is tried
-# again as the drain backs off; any other 4xx refuses it for good and its task reads FAILED
-TRANSIENT_STATUSES = frozenset({408, 425, 429, 503})
+# this submission's refusals for now (a timeout, too early, a quota): it keeps its place and is tried again later,
+# while those behind it go on. A 5xx (503 included) stops the drain, which backs off; any other 4xx refuses the
+# submission for good and its task reads FAILED
+TRANSIENT_STATUSES = frozenset({408, 425, 429})
+MAX_DEFERRAL_SEC = 60.0
 _TRACE_HEADERS = frozenset({"traceparent", "tracestate"})  # the submit's, stored with it: replaced by the delivery's
 
 
@@ -65,7 +69,7 @@ class OutboxDrainer:
         while True:
             if not await outbox.lock(self.owner, ttl=self._lease(services)):
                 return True
-            item = await outbox.oldest()
+            item = await outbox.oldest(time.time())
             if item is None:
                 await outbox.unlock(self.owner)
                 return True
@@ -75,6 +79,8 @@ class OutboxDrainer:
                 return False
             if outcome.error is not None:
                 await outbox.refuse(outcome)
+            elif outcome.not_before > item.not_before:
+                await outbox.defer(outcome)
             else:
                 await outbox.remove(item.task_id)
 
@@ -84,7 +90,8 @@ class OutboxDrainer:
         return 1.0 + max((u.timeouts.connect + u.timeouts.read for u in services.upstreams.values()), default=5.0)
 
     async def _deliver(self, services: Services, item: OutboxItem) -> OutboxItem | None:
-        """The item delivered (its `error` set if the upstream refused it for good), or None: try again later."""
+        """The item delivered, refused for good (its `error` set) or for now (a later `not_before`), or None: the
+        upstream is failing, try again later."""
         upstream = services.upstreams.get(item.upstream)
         if upstream is None:
             log.error("outboxed submission names an upstream the config no longer has; kept",
@@ -112,11 +119,15 @@ class OutboxDrainer:
                 log.info("outbox delivery deferred", extra={"task_id": item.task_id, "error": str(exc)})
                 return None
             span.set_attribute("http.response.status_code", resp.status)
-        if resp.status >= 500 or resp.status in TRANSIENT_STATUSES:
-            self.delivered.add("deferred")
-            log.info("outbox delivery deferred: the upstream refused it for now",
-                     extra={"task_id": item.task_id, "status": resp.status})
+        if resp.status >= 500:  # 503 too: the upstream is failing for everyone, the drain backs off
             return None
+        if resp.status in TRANSIENT_STATUSES:
+            # this submission alone waits (one tenant's quota must not hold the others' back)
+            self.delivered.add("deferred")
+            wait = deferral_sec(item.deferrals, retry_after_seconds(resp.header("retry-after")))
+            log.info("outbox delivery deferred: the upstream refused it for now",
+                     extra={"task_id": item.task_id, "status": resp.status, "retry_in_sec": round(wait, 1)})
+            return dataclasses.replace(item, deferrals=item.deferrals + 1, not_before=time.time() + wait)
         if resp.status < 400:
             self.delivered.add("delivered")
             log.info("outboxed submission delivered", extra={"task_id": item.task_id, "status": resp.status})
@@ -125,6 +136,13 @@ class OutboxDrainer:
         log.error("outboxed submission refused by the upstream; its task reads FAILED",
                   extra={"task_id": item.task_id, "status": resp.status})
         return dataclasses.replace(item, error=refusal(resp.status, body))
+
+
+def deferral_sec(deferrals: int, retry_after: float | None) -> float:
+    """How long a submission refused for now waits: the upstream's Retry-After, else 1 s doubling to a minute
+    (jittered, so that submissions refused together do not come back together)."""
+    backoff = min(MAX_DEFERRAL_SEC, 2.0 ** deferrals) * random.uniform(0.5, 1.0)
+    return min(MAX_DEFERRAL_SEC, max(retry_after or 0.0, backoff))
 
 
 def refusal(status: int, body: bytes) -> dict[str, Any]:

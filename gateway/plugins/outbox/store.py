@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 from exports_common.redis_client import AnyRedis
 
+# a deferred item keeps its place: the drain looks this far down the order for one that is due
+DUE_WINDOW = 100
 # how long a submission the upstream refused stays readable (as a FAILED task) on its status route
 REFUSED_KEEP_SEC = 7 * 86_400
 
@@ -34,6 +36,9 @@ class OutboxItem:
     created_at: float
     # set once the upstream refused it for good: the task's error (TaskError's fields), kept for its status route
     error: dict[str, Any] | None = None
+    # refusals for now (429, 503...) so far, and the unix time before which it is not tried again
+    deferrals: int = 0
+    not_before: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -54,7 +59,11 @@ class OutboxStore(Protocol):
 
     async def find(self, tenant: str, task_id: str) -> OutboxItem | None: ...
 
-    async def oldest(self) -> OutboxItem | None: ...
+    async def oldest(self, now: float) -> OutboxItem | None:
+        """The first item in order that is due at `now`, among the first `DUE_WINDOW` (None: none is)."""
+
+    async def defer(self, item: OutboxItem) -> None:
+        """Store `item`'s new `deferrals` and `not_before`; it keeps its place in the order."""
 
     async def remove(self, task_id: str) -> None: ...
 
@@ -103,9 +112,12 @@ class SqliteOutbox:
                             "VALUES (?,?,?,?)", (item.task_id, item.tenant, item.to_json(), now))
             self.db.execute("DELETE FROM outbox WHERE task_id = ?", (item.task_id,))
 
-    async def oldest(self) -> OutboxItem | None:
-        row = self.db.execute("SELECT item FROM outbox ORDER BY seq LIMIT 1").fetchone()
-        return OutboxItem.from_json(row[0]) if row else None
+    async def oldest(self, now: float) -> OutboxItem | None:
+        rows = self.db.execute("SELECT item FROM outbox ORDER BY seq LIMIT ?", (DUE_WINDOW,)).fetchall()
+        return _first_due([OutboxItem.from_json(row[0]) for row in rows], now)
+
+    async def defer(self, item: OutboxItem) -> None:
+        self.db.execute("UPDATE outbox SET item = ? WHERE task_id = ?", (item.to_json(), item.task_id))
 
     async def remove(self, task_id: str) -> None:
         self.db.execute("DELETE FROM outbox WHERE task_id = ?", (task_id,))
@@ -173,15 +185,20 @@ class RedisOutbox:
         await self.redis.set(self._refused_key(item.task_id), item.to_json(), ex=REFUSED_KEEP_SEC)
         await self.remove(item.task_id)
 
-    async def oldest(self) -> OutboxItem | None:
-        task_id = await self.redis.lindex(self.order, 0)
-        if task_id is None:
+    async def oldest(self, now: float) -> OutboxItem | None:
+        task_ids = await self.redis.lrange(self.order, 0, DUE_WINDOW - 1)
+        if not task_ids:
             return None
-        raw = await self.redis.hget(self.items, task_id)
-        if raw is None:
-            await self.redis.lrem(self.order, 1, task_id.decode() if isinstance(task_id, bytes) else task_id)
-            return await self.oldest()
-        return OutboxItem.from_json(raw)
+        raws = await self.redis.hmget(self.items, task_ids)
+        for task_id, raw in zip(task_ids, raws, strict=True):
+            if raw is None:  # its item was removed after the order was read: its place goes too
+                await self.redis.lrem(self.order, 1, task_id.decode() if isinstance(task_id, bytes) else task_id)
+        return _first_due([OutboxItem.from_json(raw) for raw in raws if raw is not None], now)
+
+    async def defer(self, item: OutboxItem) -> None:
+        # only while it is still waiting: a delivery by another gateway may have removed it
+        if await self.redis.hexists(self.items, item.task_id):
+            await self.redis.hset(self.items, item.task_id, item.to_json())
 
     async def remove(self, task_id: str) -> None:
         raw = await self.redis.hget(self.items, task_id)
@@ -216,3 +233,7 @@ class RedisOutbox:
 def new_item(task_id: str, tenant: str, upstream: str, method: str, path: str, headers: list[tuple[str, str]],
              body: bytes) -> OutboxItem:
     return OutboxItem(task_id, tenant, upstream, method, path, headers, base64.b64encode(body).decode(), time.time())
+
+
+def _first_due(items: list[OutboxItem], now: float) -> OutboxItem | None:
+    return next((item for item in items if item.not_before <= now), None)
