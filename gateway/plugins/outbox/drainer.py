@@ -107,8 +107,12 @@ class OutboxDrainer:
             inject(carrier)
             headers = [h for h in item.headers if h[0] not in _TRACE_HEADERS] + list(carrier.items())
 
+            # the delivery, its answer read whole, ends within the drain lock's lease
+            timeouts = upstream.timeouts._replace(
+                deadline=time.monotonic() + upstream.timeouts.connect + upstream.timeouts.read)
+
             async def call() -> GatewayResponse:
-                return await services.client.request(item.method, url, headers, item.body_bytes, upstream.timeouts)
+                return await services.client.request(item.method, url, headers, item.body_bytes, timeouts)
 
             breaker = services.breakers.by_upstream.get(item.upstream)
             try:
