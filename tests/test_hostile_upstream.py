@@ -34,6 +34,10 @@ ROUTES: list[dict[str, Any]] = [
     {"name": "h-signed", "path": "/h/signed/{p:path}", "methods": ["GET"], "upstream": "hostile",
      "rewrite": "/{p}", "max_answer_bytes": MAX_ANSWER, "plugins": ["auth", {"signed_download": {"action": "sign"}}],
      "policy": {"timeout": {"connect": 2, "read": 5, "total": 2}}},
+    # stale_if_error keeps each 200 it reads whole, per task id, and answers it when the upstream fails
+    {"name": "h-stale", "path": "/h/stale/{mode}/{task_id}", "methods": ["GET"], "upstream": "hostile",
+     "rewrite": "/{mode}/{task_id}", "max_answer_bytes": MAX_ANSWER,
+     "plugins": ["auth", {"stale_if_error": {"param": "task_id"}}]},
     # a plugin that never returns (fault's delay stands in for a third-party plugin stuck on a lock)
     {"name": "h-stuck", "path": "/h/stuck", "methods": ["GET"], "upstream": "hostile", "rewrite": "/echo/stuck",
      "first_byte_timeout_sec": 1.5, "plugins": ["auth", {"fault": {"delay": {"seconds": 600}}}]},
@@ -101,6 +105,19 @@ def test_an_endless_answer_read_whole_is_a_quick_502_with_bounded_memory(edge: E
     wait_until(lambda: edge.stats()["endless_open"] == 0, 5, what="the endless answers' connections to close")
     assert edge.stats()["endless_started"] == started_before + 3
     assert edge.gateway.rss_bytes() - before < 40 * 2**20
+
+
+def test_an_answer_past_the_bound_is_not_kept(edge: Edge) -> None:
+    def get(mode: str, task: str) -> httpx.Response:
+        return httpx.get(f"{edge.gateway.url}/h/stale/{mode}/{task}", headers=AUTH, timeout=20)
+
+    # the control: a whole answer is kept, and answered stale when the upstream then fails
+    assert get("echo", "kept").status_code == 200
+    stale = get("coded", "kept")
+    assert stale.status_code == 200 and stale.headers["x-degraded"] == "stale"
+    # past the bound: 502, and nothing of it kept to answer later
+    assert get("endless", "cut").json()["data"]["reason"] == "answer_too_large"
+    assert get("coded", "cut").status_code == 503
 
 
 def test_the_total_deadline_covers_an_answer_read_whole(edge: Edge) -> None:
