@@ -232,3 +232,14 @@ def test_outboxed_submits_survive_transient_refusals_and_a_final_refusal_reads_f
     replay = httpx.post(f"{gateway.url}/api/v1/exports", json={"export_type": "refused"}, timeout=30,
                         headers=AUTH | {"Idempotency-Key": "key-refused"})
     assert replay.status_code == 202 and replay.json()["data"]["task_id"] == ids["refused"]
+
+
+def test_a_callback_to_an_ipv4_translated_private_address_is_refused(edge: Edge) -> None:
+    for host in ("[::ffff:0:10.0.0.1]", "[::ffff:0:a9fe:a9fe]", "[::ffff:0:127.0.0.1]"):
+        resp = httpx.post(f"{edge.gateway.url}/api/v1/exports", headers=AUTH, timeout=10,
+                          json={"export_type": "report_export", "callback_url": f"http://{host}/hook"})
+        if host == "[::ffff:0:127.0.0.1]":  # the test config allows 127.0.0.0/8: judged as the IPv4 it reaches
+            assert resp.status_code != 422, resp.text
+            continue
+        assert resp.status_code == 422, resp.text
+        assert resp.json()["data"]["field"] == "callback_url"
