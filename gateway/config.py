@@ -172,8 +172,9 @@ class UpstreamConfig(Strict):
         return [self.url] if self.url is not None else list(self.endpoints)
 
 
-# a route without a timeout policy answers within this, or 504
+# a route without a timeout policy answers within this, or 504; one with answers within its total and this margin
 DEFAULT_FIRST_BYTE_SEC = 60.0
+PLUGINS_MARGIN_SEC = 5.0
 
 
 class RouteConfig(Strict):
@@ -189,7 +190,7 @@ class RouteConfig(Strict):
         "(downloads) are not bounded")
     first_byte_timeout_sec: float | None = Field(
         None, gt=0, description="the most seconds from a request's arrival to its answer's first byte, plugins "
-        "included (past it: 504); none: the policy's timeout.total plus 1 s, or 60 s without one. A streamed body "
+        "included (past it: 504); none: the policy's timeout.total plus 5 s, or 60 s without one. A streamed body "
         "(a download, an event stream) keeps its own idle rules once it has started")
     plugins: list[PluginUse] = Field(default_factory=list, description="filters, run in the order written "
                                      "(the first sees the request first), the upstream call after the last")
@@ -199,12 +200,12 @@ class RouteConfig(Strict):
     @property
     def first_byte_deadline(self) -> float:
         """Seconds from arrival to the answer's head: the route's policy's total bounds the upstream call, this
-        the whole request (a little later, so that the policy's own timeout, and what a plugin does about it,
-        comes first)."""
+        the whole request. Later by the plugins' own work (a few store calls, each bounded by its own timeout),
+        so that the policy's timeout, and what a plugin does about it (the outbox keeps a submit), comes first."""
         if self.first_byte_timeout_sec is not None:
             return self.first_byte_timeout_sec
         timeout = self.policy.timeout
-        return timeout.total + 1.0 if timeout is not None else DEFAULT_FIRST_BYTE_SEC
+        return timeout.total + PLUGINS_MARGIN_SEC if timeout is not None else DEFAULT_FIRST_BYTE_SEC
 
     @field_validator("plugins", mode="before")
     @classmethod
