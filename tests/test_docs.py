@@ -25,3 +25,26 @@ def test_the_readme_stays_an_index() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 150
     assert "make run" in readme and "make test" in readme
+
+
+def test_the_generated_reference_pages_are_up_to_date() -> None:
+    """docs/reference/ as the code says: config keys, error codes, metric names (`make reference` writes them)."""
+    checked = subprocess.run([sys.executable, "-m", "scripts.gen_reference", "--check"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stderr[-2000:]
+
+
+def test_the_reference_check_names_a_stale_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from scripts import gen_reference
+
+    for name in gen_reference.PAGES:
+        (tmp_path / name).write_text((gen_reference.REFERENCE / name).read_text())
+    errors = tmp_path / "errors.md"
+    errors.write_text(errors.read_text().replace("| 42200 | 422 | `VALIDATION`", "| 42200 | 400 | `VALIDATION`"))
+    monkeypatch.setattr(gen_reference, "REFERENCE", tmp_path)
+    monkeypatch.setattr(gen_reference, "PAGES", {"errors.md": gen_reference.errors_page})
+    assert gen_reference.main(["--check"]) == 1
+    assert "out of date: docs/reference/errors.md; run `make reference`" in capsys.readouterr().err
+    assert gen_reference.main([]) == 0 and gen_reference.main(["--check"]) == 0
+    assert "| 42200 | 422 | `VALIDATION`" in errors.read_text()
