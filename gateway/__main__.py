@@ -3,6 +3,7 @@ from pathlib import Path
 
 from exports_common.cli import main
 from exports_common.config_loader import ConfigError, load_model
+from gateway import conformance
 from gateway.app import create_app
 from gateway.config import GatewayConfig, workers_refusal
 from gateway.legacy_config import migrated
@@ -32,6 +33,8 @@ if __name__ == "__main__":
         sys.exit(0)
     if sys.argv[1:2] == ["migrate-config"] and len(sys.argv) == 3:
         sys.exit(migrate_config(sys.argv[2]))
+    if sys.argv[1:2] == ["conformance"]:
+        sys.exit(conformance.main(sys.argv[2:]))
     if sys.argv[1:] == ["plugins"]:
         # what a route may name here: the built-ins and the installed packages' plugins, each imported and checked
         lines, unusable = registry().describe()

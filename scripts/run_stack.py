@@ -1,6 +1,6 @@
 """`make run`: the backend and the gateway together on the embedded defaults (no Redis needed).
 
-Prints where they listen and the demo credentials; Ctrl-C stops both.
+Prints where they listen and the demo credentials; Ctrl-C stops them all.
 """
 from __future__ import annotations
 
@@ -40,6 +40,10 @@ def main() -> int:
           f"point at {env['GATEWAY_PUBLIC_URL']}. Never expose this stack; see docs/security.md.",
           flush=True)
     procs = [
+        # the example slow endpoint that export type slow_report wraps (docs/backend-teams/slow-endpoints.md)
+        ("slow report service", "http://127.0.0.1:8082", ["-m", "uvicorn", "--app-dir", "examples", "slow_report:app",
+                                                           "--host", "127.0.0.1", "--port", "8082",
+                                                           "--log-level", "warning"]),
         ("backend", "http://127.0.0.1:8081", ["-m", "backend_stub", "run", "--config", "config/backend.yaml"]),
         ("gateway", "http://127.0.0.1:8080", ["-m", "gateway", "run", "--config", "config/gateway.yaml"]),
     ]
@@ -54,6 +58,7 @@ def main() -> int:
 Export gateway is up (DEV MODE).
   gateway:  http://127.0.0.1:8080   (public API under /api/v1/exports, /metrics, /admin/*)
   backend:  http://127.0.0.1:8081
+  slow report service:  http://127.0.0.1:8082 (export type slow_report: one call per task, about 5 s)
   demo API keys:  demo -> demo-key-change-me    demo2 -> demo2-key-change-me
   admin token:    {admin}
   These are published: outside dev mode both processes refuse to start with them.
@@ -61,11 +66,11 @@ Export gateway is up (DEV MODE).
 Try:
   curl -s -X POST http://127.0.0.1:8080/api/v1/exports -H 'Authorization: Bearer demo-key-change-me' \\
        -H 'Content-Type: application/json' -d '{{"export_type": "order_export", "filters": {{"region": "eu-west"}}}}'
-Ctrl-C stops both.
+Ctrl-C stops them all.
 """, flush=True)
         stop_on_sigterm()
         wait_for_any_exit(started)
-        print("a process stopped; stopping the other", file=sys.stderr)
+        print("a process stopped; stopping the others", file=sys.stderr)
     except KeyboardInterrupt:
         pass
     finally:
