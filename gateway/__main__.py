@@ -4,6 +4,7 @@ from pathlib import Path
 
 from exports_common.cli import Command, main
 from exports_common.config_loader import ConfigError, load_model
+from gateway import conformance
 from gateway.app import create_app
 from gateway.config import GatewayConfig, workers_refusal
 from gateway.legacy_config import migrated
@@ -48,6 +49,8 @@ COMMANDS = (
             print_key_hash),
     Command("migrate-config", "print a config file in the current shape (it must load as it is)",
             lambda parser: parser.add_argument("file"), lambda args: migrate_config(args.file)),
+    Command("conformance", "check that a backend speaks the upstream task contract the gateway relies on; "
+            "exit 0 only when every required check passes", conformance.add_arguments, conformance.run_checks),
 )
 
 

@@ -1,8 +1,9 @@
-"""`make run`: the backend and the gateway together on the embedded defaults (no Redis needed).
+"""`make run`: the backend, the gateway and the example slow service together on the embedded defaults (no Redis).
 
-Prints where they listen and the demo credentials; Ctrl-C stops both. GATEWAY_PORT and BACKEND_PORT move them
-off 8080 and 8081. A port already taken (an old instance, another program) stops it before anything starts,
-naming the port; a process that exits while starting or serving stops the other and exits non-zero.
+Prints where they listen and the demo credentials; Ctrl-C stops them all. GATEWAY_PORT, BACKEND_PORT and
+SLOW_REPORT_PORT move them off 8080, 8081 and 8082. A port already taken (an old instance, another program)
+stops it before anything starts, naming the port; a process that exits while starting or serving stops the
+others and exits non-zero.
 """
 from __future__ import annotations
 
@@ -75,11 +76,12 @@ def _port(env: dict[str, str], name: str, default: int) -> int:
     return int(raw)
 
 
-def banner(gateway_url: str, backend_url: str, admin: str) -> str:
+def banner(gateway_url: str, backend_url: str, slow_url: str, admin: str) -> str:
     return f"""
 Export gateway is up (DEV MODE).
   gateway:  {gateway_url}   (public API under /api/v1/exports, /metrics, /admin/*)
   backend:  {backend_url}
+  slow report service:  {slow_url} (export type slow_report wraps it: one call per task, about 5 s)
   demo API keys:  demo -> demo-key-change-me    demo2 -> demo2-key-change-me
   admin token:    {admin}
   These are published: outside dev mode both processes refuse to start with them.
@@ -87,19 +89,25 @@ Export gateway is up (DEV MODE).
 Try:
   curl -s -X POST {gateway_url}/api/v1/exports -H 'Authorization: Bearer demo-key-change-me' \\
        -H 'Content-Type: application/json' -d '{{"export_type": "order_export", "filters": {{"region": "eu-west"}}}}'
-Ctrl-C stops both.
+Ctrl-C stops them all.
 """
 
 
 def run(env: dict[str, str], started: list[subprocess.Popen[bytes]]) -> int:
     gateway_port, backend_port = _port(env, "GATEWAY_PORT", 8080), _port(env, "BACKEND_PORT", 8081)
-    check_ports({"gateway": gateway_port, "backend": backend_port})
+    slow_port = _port(env, "SLOW_REPORT_PORT", 8082)
+    check_ports({"gateway": gateway_port, "backend": backend_port, "slow report service": slow_port})
     backend_url, gateway_url = f"http://{HOST}:{backend_port}", f"http://{HOST}:{gateway_port}"
+    slow_url = f"http://{HOST}:{slow_port}"
     env.setdefault("EXPORT_BACKEND_URL", backend_url)
     env.setdefault("GATEWAY_PUBLIC_URL", gateway_url)
+    env.setdefault("SLOW_REPORT_URL", f"{slow_url}/report")
     print(f"make run: DEV MODE is on (EXPORTS_DEV=1): the published demo keys and secrets are accepted and links "
           f"point at {env['GATEWAY_PUBLIC_URL']}. Never expose this stack; see docs/security.md.", flush=True)
     procs = [
+        # the example endpoint export type slow_report wraps (docs/backend-teams/slow-endpoints.md)
+        ("slow report service", slow_url, ["-m", "uvicorn", "--app-dir", "examples", "slow_report:app", "--host", HOST,
+                                           "--port", str(slow_port), "--log-level", "warning"]),
         ("backend", backend_url, ["-m", "backend_stub", "run", "--config", "config/backend.yaml",
                                   "--port", str(backend_port)]),
         ("gateway", gateway_url, ["-m", "gateway", "run", "--config", "config/gateway.yaml",
@@ -111,11 +119,11 @@ def run(env: dict[str, str], started: list[subprocess.Popen[bytes]]) -> int:
         started.append(proc)
         names[proc.pid] = f"{name} at {url}"
         wait_healthy(names[proc.pid], url, proc)
-    print(banner(gateway_url, backend_url, env.get("GATEWAY_ADMIN_TOKEN", DEV_ADMIN_TOKEN)), flush=True)
+    print(banner(gateway_url, backend_url, slow_url, env.get("GATEWAY_ADMIN_TOKEN", DEV_ADMIN_TOKEN)), flush=True)
     stop_on_sigterm()
     wait_for_any_exit(started)
     gone = next(p for p in started if p.poll() is not None)
-    raise StackError(f"{names[gone.pid]} stopped ({exit_reason(gone.returncode)}); stopping the other")
+    raise StackError(f"{names[gone.pid]} stopped ({exit_reason(gone.returncode)}); stopping the others")
 
 
 def main() -> int:

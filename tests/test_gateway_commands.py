@@ -13,7 +13,7 @@ from tests.procs import ROOT
 
 pytestmark = pytest.mark.inprocess
 
-COMMANDS = ("run", "check-config", "schema", "plugins", "hash-key", "migrate-config")
+COMMANDS = ("run", "check-config", "schema", "plugins", "hash-key", "migrate-config", "conformance")
 
 
 def test_help_lists_every_subcommand() -> None:

@@ -40,6 +40,7 @@ def old_instance() -> Iterator[int]:
 
 
 def _stack(workdir: Path, **ports: int) -> subprocess.Popen[str]:
+    ports.setdefault("SLOW_REPORT_PORT", free_port())
     env = dict(os.environ, **{name: str(port) for name, port in ports.items()},
                BACKEND_DATA_DIR=str(workdir / "backend"), GATEWAY_STATE_DIR=str(workdir / "gateway"))
     for name in ("EXPORT_BACKEND_URL", "GATEWAY_PUBLIC_URL", "REDIS_URL", "RESULT_STORE_URL"):
