@@ -7,13 +7,15 @@ nothing else names the kinds.
 """
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated
 
 from pydantic import Field
 
 from backend_stub.sources.base import (
     API_VERSION,
     Batch,
+    Body,
+    BodyKind,
     CheckedAtLoad,
     RowSource,
     Source,
@@ -21,10 +23,13 @@ from backend_stub.sources.base import (
     SourceKind,
     TypedSource,
 )
+from backend_stub.sources.http import HttpSource
 from backend_stub.sources.sql import SqlSource
 from backend_stub.sources.synthetic import SyntheticSource
 
-SourceConfig = Annotated[Union[SyntheticSource, SqlSource], Field(discriminator="kind")]  # noqa: UP007
+SourceConfig = Annotated[SyntheticSource | HttpSource | SqlSource, Field(discriminator="kind")]
+# the kinds whose result is a file as it comes (format raw), not rows: see base.BodyKind
+BODY_KINDS = (HttpSource,)
 
-__all__ = ["API_VERSION", "Batch", "CheckedAtLoad", "RowSource", "Source", "SourceConfig", "SourceContext",
-           "SourceKind", "TypedSource"]
+__all__ = ["API_VERSION", "BODY_KINDS", "Batch", "Body", "BodyKind", "CheckedAtLoad", "RowSource", "Source",
+           "SourceConfig", "SourceContext", "SourceKind", "TypedSource"]
