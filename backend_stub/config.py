@@ -19,7 +19,7 @@ from backend_stub.compression import Compression
 from backend_stub.config_model import Strict
 from backend_stub.filters import FilterSpec
 from backend_stub.formats import FORMATS, RAW
-from backend_stub.sources import BODY_KINDS, SourceConfig
+from backend_stub.sources import BODY_KINDS, CheckedAtLoad, SourceConfig
 from exports_common import dev_mode
 from exports_common.connection_limits import ConnectionLimits
 from exports_common.contract import DOWNLOAD_PATH
@@ -263,14 +263,16 @@ class BackendConfig(Strict):
         default_factory=lambda: DownloadLinkConfig(secrets=[dev_mode.DEV_SIGNING_SECRET]))
     export_types: dict[str, ExportTypeConfig]
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    _source_warnings: list[str] = PrivateAttr(default_factory=list)
 
     def load_warnings(self) -> list[str]:
         """What loads but should be written otherwise: one sentence each, naming the new way."""
         flat = [name for name, spec in self.export_types.items() if spec.flat_shape]
+        warnings = list(self._source_warnings)
         if not flat:
-            return []
+            return warnings
         return [f"export_types {', '.join(flat)}: dataset, rows and seed at the type's top level is the old flat "
-                f"shape; write them as source: {{kind: synthetic, dataset: ..., rows: ..., seed: ...}}"]
+                f"shape; write them as source: {{kind: synthetic, dataset: ..., rows: ..., seed: ...}}", *warnings]
 
     def unsafe_defaults(self) -> list[str]:
         """What makes this config unfit outside dev mode, each with what to set instead."""
@@ -298,4 +300,16 @@ class BackendConfig(Strict):
         if self.download_redirect.ttl_sec and not self.result_store.startswith("s3://"):
             raise ValueError("download_redirect.ttl_sec needs an s3:// result_store (a file store has no URL to "
                              "redirect to): set it to 0 or use s3://BUCKET/PREFIX")
+        return self
+
+    @model_validator(mode="after")
+    def _sources_checked(self) -> BackendConfig:
+        """Sources that can check themselves against their data (a database's columns) do so at load."""
+        for name, spec in self.export_types.items():
+            if isinstance(spec.source, CheckedAtLoad):
+                try:
+                    found = spec.source.check_at_load(spec.filters)
+                except ValueError as error:
+                    raise ValueError(f"export_types.{name}.source: {error}") from None
+                self._source_warnings += [f"export type {name} {warning}" for warning in found]
         return self

@@ -3,21 +3,27 @@
 NULL is an empty CSV field and JSON null; dates are YYYY-MM-DD; timestamps with a
 time zone are written in UTC with a `Z`, without one with no offset; decimals keep
 their exact digits, never going through a float (in JSON a number with those
-digits); binary is base64; booleans are true and false. Anything else is its str().
+digits); binary is base64; booleans are true and false; a JSON column's value is its JSON
+text. Anything else is its str().
 """
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
+from types import NoneType
 from typing import Any
 
 import orjson
 
 
 def timestamp_text(value: datetime) -> str:
-    if value.utcoffset() is None:
+    if value.tzinfo is None or value.utcoffset() is None:
         return value.isoformat()
+    written = value.isoformat()
+    if written.endswith("+00:00"):  # already in UTC (what a database session set to UTC returns)
+        return written[:-6] + "Z"
     return value.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
 
 
@@ -46,7 +52,47 @@ def text(value: Any) -> str | None:
         return decimal_text(value)
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(value).decode("ascii")
+    if isinstance(value, dict | list):  # a JSON column's value: its JSON text
+        return orjson.dumps(value, default=json_value).decode()
     return str(value)
+
+
+def _bool_text(value: bool) -> str:
+    return "true" if value else "false"
+
+
+# the converter of each exact type a database driver returns: one dictionary look-up instead of a chain of checks
+_TEXT_OF: dict[type, Callable[[Any], str]] = {
+    str: str.__str__, int: int.__repr__, float: float.__repr__, bool: _bool_text, datetime: timestamp_text,
+    date: date.isoformat, time: time.isoformat, Decimal: decimal_text,
+}
+
+
+_JSON_NATIVE = frozenset({str, int, float, bool, NoneType})
+
+
+def column_text(kinds: set[type]) -> Callable[[Any], str | None]:
+    """The converter for a column holding values of these types (NoneType among them or not)."""
+    found = [_TEXT_OF.get(kind) for kind in kinds if kind is not NoneType]
+    if len(found) != 1 or found[0] is None:
+        return text
+    convert = found[0]
+    return lambda value: None if value is None else convert(value)
+
+
+def _decimal_json(value: Decimal) -> Any:
+    return orjson.Fragment(decimal_text(value)) if value.is_finite() else decimal_text(value)
+
+
+def column_json(kinds: set[type]) -> Callable[[Any], Any] | None:
+    """For a column holding values of these types, the converter to what orjson writes by these rules
+    (None: orjson writes them as they are)."""
+    if kinds <= _JSON_NATIVE:
+        return None
+    if kinds <= {Decimal, NoneType}:
+        return lambda value: None if value is None else _decimal_json(value)
+    convert = column_text(kinds)
+    return convert if convert is not text else json_value
 
 
 def json_value(value: Any) -> Any:

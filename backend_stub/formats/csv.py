@@ -2,7 +2,7 @@
 
 NULL is an empty unquoted field and an empty string is `""`; quoting is otherwise
 minimal. Batches of plain values (int, float, non-empty str, None) go straight to the
-csv module; a batch holding anything else is converted first (cells.text), and a row
+csv module; a column holding anything else is converted first (cells), and a row
 holding an empty string is written by hand, as the csv module cannot tell it from NULL.
 """
 from __future__ import annotations
@@ -51,10 +51,11 @@ class CsvWriter:
             return
         columns = list(zip(*rows, strict=True))
         kinds = [set(map(type, column)) for column in columns]
-        if not all(k <= _PLAIN for k in kinds):
-            rows = [tuple(map(cells.text, row)) for row in rows]
-            columns = list(zip(*rows, strict=True))
-            kinds = [{str, _NONE}] * len(columns)
+        if not all(k <= _PLAIN for k in kinds):  # only the columns of other types are converted to text
+            columns = [column if k <= _PLAIN else tuple(map(cells.column_text(k), column))
+                       for column, k in zip(columns, kinds, strict=True)]
+            kinds = [k if k <= _PLAIN else {str, _NONE} for k in kinds]
+            rows = list(zip(*columns, strict=True))
         if self._escape and any(str in k for k in kinds):
             rows = [tuple(map(_defused, row)) for row in rows]
         empty = any(str in k and "" in column for k, column in zip(kinds, columns, strict=True))

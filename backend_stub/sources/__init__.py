@@ -16,17 +16,20 @@ from backend_stub.sources.base import (
     Batch,
     Body,
     BodyKind,
+    CheckedAtLoad,
     RowSource,
     Source,
     SourceContext,
     SourceKind,
+    TypedSource,
 )
 from backend_stub.sources.http import HttpSource
+from backend_stub.sources.sql import SqlSource
 from backend_stub.sources.synthetic import SyntheticSource
 
-SourceConfig = Annotated[SyntheticSource | HttpSource, Field(discriminator="kind")]
+SourceConfig = Annotated[SyntheticSource | HttpSource | SqlSource, Field(discriminator="kind")]
 # the kinds whose result is a file as it comes (format raw), not rows: see base.BodyKind
 BODY_KINDS = (HttpSource,)
 
-__all__ = ["API_VERSION", "BODY_KINDS", "Batch", "Body", "BodyKind", "RowSource", "Source", "SourceConfig",
-           "SourceContext", "SourceKind"]
+__all__ = ["API_VERSION", "BODY_KINDS", "Batch", "Body", "BodyKind", "CheckedAtLoad", "RowSource", "Source",
+           "SourceConfig", "SourceContext", "SourceKind", "TypedSource"]

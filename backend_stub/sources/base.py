@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 from backend_stub.filters import FilterSpec
+from backend_stub.formats.base import ColumnType
 from exports_common.netpolicy import AddressPolicy
 
 API_VERSION = 1
@@ -138,3 +139,18 @@ class RowSource:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         self.close()
+
+
+@runtime_checkable
+class TypedSource(Protocol):
+    """A source that knows its columns' types (a database's), which typed formats (Parquet) then keep."""
+
+    def column_types(self) -> Sequence[ColumnType] | None: ...
+
+
+@runtime_checkable
+class CheckedAtLoad(Protocol):
+    """A source kind that checks itself against what it reads when the config loads (a database's columns)."""
+
+    def check_at_load(self, filters: Mapping[str, FilterSpec]) -> list[str]:
+        """ValueError when the config cannot work; else its warnings (each a sentence following the type's name)."""
