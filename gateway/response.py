@@ -44,7 +44,7 @@ class GatewayResponse:
     body: bytes | None = None
     stream: AsyncIterator[bytes] | None = None
     release: Callable[[], Any] | None = None
-    # the upstream client's own way to read the whole body, cheaper than draining `stream` chunk by chunk
+    # the upstream client's own way to read the whole body at once, instead of draining `stream` chunk by chunk
     whole: Callable[[], Awaitable[bytes]] | None = None
     events: EventBody | None = None
     _json: Any = field(default=None, repr=False)
@@ -86,7 +86,6 @@ class GatewayResponse:
 
     def set_header(self, name: str, value: str) -> None:
         name = name.lower()
-        # a plain loop: any() over a generator cost a new header (the common case) twice as much
         for k, _ in self.headers:
             if k == name:
                 self.headers = [(k, v) for k, v in self.headers if k != name]

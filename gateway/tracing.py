@@ -123,7 +123,7 @@ class Tracing:
         self.config = config
         self.processor = installed.processor
         self.tracer = installed.provider.get_tracer("gateway")
-        # worked out once: deciding costs an unsampled request one comparison
+        # a new trace records when its id's low 64 bits are under this bound
         self.bound = otel.new_trace_bound(config) if self.processor is not None else 0
 
     def _client_context(self, headers: Mapping[str, str], client: tuple[str, int] | None) -> SpanContext | None:
