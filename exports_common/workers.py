@@ -1,11 +1,11 @@
 """`run --workers N`: one listening socket, N forked uvicorn servers accepting on it, kept running.
 
-uvicorn's own `--workers` supervisor starts its children with multiprocessing's
-`spawn`, which pickles the server config: the bounded protocol class
-(exports_common.connection_limits, built per config) and the app object do not
-pickle, so that supervisor would lose the connection limits. Forking after the
-socket is bound keeps both: each child inherits the socket, the app and the
-protocol class as they are, and runs an ordinary `uvicorn.Server`.
+uvicorn's own `--workers` supervisor would take the app and the bounded protocol
+class as import strings, but its workers run uvicorn's own `Server`, not
+`exports_common.shutdown.Server` (which ends event streams at once on a graceful
+stop), and it has no hook to mark a dead worker for prometheus_client's live gauges.
+Here each child is forked after the socket is bound, inherits the socket, the app and
+the protocol class, and runs `exports_common.shutdown.Server`.
 
 The parent only supervises. SIGTERM / SIGINT stop every worker gracefully (then
 kill after the grace period); SIGHUP is passed on to each worker (the gateway
