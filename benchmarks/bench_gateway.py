@@ -7,12 +7,19 @@
 3. proxied status poll (cache miss: a RUNNING task, where coalescing helps) vs the same proxy (reported);
 4. scaling: the cache-hit poll on `run --workers 2` vs `--workers 1`, both on one Redis, unpinned
    (goal >= 1.4x; wrk needs part of a core of the two);
-5. all of it against nginx (static answer / proxy_pass) when nginx is installed (reported, no goal).
+5. all of it against nginx (static answer / proxy_pass) when nginx is installed (reported, no goal);
+6. CPU per proxied list call: user + sys CPU of the proxy's process(es) over a wrk run divided by the
+   requests it served, for the gateway, the aiohttp proxy and nginx's proxy_pass, each in front of one
+   static upstream (nginx answering the list body) so that the proxy, not the backend, is the bottleneck
+   (reported, no goal; needs nginx);
+7. with `--before DIR` (a checkout of another commit, e.g. `git worktree add /tmp/before main`): that
+   commit's gateway against this one on the cache hit and the list call, measured in turns (what a
+   change cost, as a same-run ratio).
 
 Every server runs on uvicorn with uvloop and httptools; the gateways with the tenant limits raised
 through their environment variables (the limiter still runs on every request).
 
-Run: python -m benchmarks.bench_gateway [--seconds 8] [--rounds 2]
+Run: python -m benchmarks.bench_gateway [--seconds 8] [--rounds 2] [--skip-scaling] [--before DIR]
 """
 from __future__ import annotations
 
@@ -22,7 +29,17 @@ from pathlib import Path
 import httpx
 
 from benchmarks import wrk
-from benchmarks.harness import AUTH, LOAD_CPU, Processes, nginx, pin, processes, submit_and_wait, unpin
+from benchmarks.harness import (
+    AUTH,
+    LOAD_CPU,
+    Processes,
+    cpu_seconds,
+    nginx,
+    pin,
+    processes,
+    submit_and_wait,
+    unpin,
+)
 from tests.conftest import backend_config, gateway_config, synthetic_type
 from tests.procs import RedisServer, Service
 
@@ -63,11 +80,79 @@ def scaling(procs: Processes, backend: Service, task_id: str, rounds: int, secon
         redis.stop()
 
 
+def cpu_per_call(procs: Processes, backend: Service, seconds: float, rounds: int) -> None:
+    """CPU µs per proxied list call of the gateway, the aiohttp proxy and nginx, each before one static upstream."""
+    listed = httpx.get(f"{backend.url}/exports?limit=1", headers=TENANT).content
+    body_file = procs.workdir / "list.json"
+    body_file.write_bytes(listed)
+    workdir = procs.workdir / "static-upstream"
+    workdir.mkdir()
+    with nginx(backend.url, body_file, static_everywhere=True) as static:
+        if static is None:
+            print("nginx: not installed; CPU per proxied call skipped (apt-get install nginx-light)")
+            return
+        gateway = procs.start("gateway", gateway_config(workdir, static.url, log_level="warning"), "gateway-static")
+        proxy = procs.start("benchmarks.reference_servers", {"kind": "aiohttp_proxy", "upstream": static.url},
+                            "aiohttp-static")
+        with nginx(static.url, body_file) as front:
+            assert front is not None
+            assert gateway.proc is not None and proxy.proc is not None
+            targets = {"gateway": (f"{gateway.url}/api/v1/exports?limit=1", AUTH, gateway.proc.pid),
+                       "aiohttp proxy": (f"{proxy.url}/exports?limit=1", TENANT, proxy.proc.pid),
+                       "nginx proxy_pass": (f"{front.url}/exports?limit=1", TENANT, front.pid)}
+            assert httpx.get(targets["gateway"][0], headers=AUTH).status_code == 200
+            best: dict[str, tuple[float, wrk.WrkResult]] = {}
+            for url, headers, _ in targets.values():
+                wrk.run(url, seconds=1, headers=headers)  # warm-up
+            for _ in range(rounds):  # in turns: a load that comes and goes falls on each alike
+                for label, (url, headers, pid) in targets.items():
+                    before = cpu_seconds(pid)
+                    result = wrk.run(url, seconds=seconds, headers=headers)
+                    micros = (cpu_seconds(pid) - before) / max(1, result.requests) * 1e6
+                    if label not in best or micros < best[label][0]:
+                        best[label] = (micros, result)
+    print("CPU per proxied list call, before one static upstream (nginx), user + sys of the proxy's process:")
+    for label, (micros, result) in best.items():
+        print(f"  {label:<18}{micros:7.1f} µs/call   {result.line()}")
+    gateway_us = best["gateway"][0]
+    print(f"  gateway / aiohttp proxy {gateway_us / best['aiohttp proxy'][0]:.2f}x, "
+          f"gateway / nginx {gateway_us / best['nginx proxy_pass'][0]:.2f}x")
+
+
+def removal_cost(procs: Processes, before_root: Path, backend: Service, gateway: Service, hit_path: str,
+                 seconds: float, rounds: int) -> None:
+    """Another commit's gateway (`before_root`) against this one on the cache hit and the list call, in turns."""
+    workdir = procs.workdir / "before"
+    workdir.mkdir()
+    before = procs.start("gateway", gateway_config(workdir, backend.url, log_level="warning"), "gateway-before",
+                         root=before_root)
+    for server in (gateway, before):
+        httpx.get(f"{server.url}{hit_path}", headers=AUTH)  # fills its cache
+    for label, path, pinned in (("cache-hit poll", hit_path, True), ("list limit=1", "/api/v1/exports?limit=1", False)):
+        best: dict[str, wrk.WrkResult] = {}
+        for server in (gateway, before):
+            (pin if pinned else unpin)(server)
+            wrk.run(f"{server.url}{path}", seconds=1, headers=AUTH, cpu=LOAD_CPU if pinned else None)
+        for _ in range(rounds):
+            for name, server in (("this", gateway), ("before", before)):
+                result = wrk.run(f"{server.url}{path}", seconds=seconds, headers=AUTH,
+                                 cpu=LOAD_CPU if pinned else None)
+                if name not in best or result.rps > best[name].rps:
+                    best[name] = result
+        print(f"{label + ', this commit':<34}{best['this'].line()}")
+        print(f"{label + ', before':<34}{best['before'].line()}")
+        print(f"  this / before {best['this'].rps / best['before'].rps:.2f}, "
+              f"p99 {best['this'].p99_ms / best['before'].p99_ms:.2f}x")
+    before.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-scaling", action="store_true")
+    parser.add_argument("--before", type=Path, help="a checkout of another commit: its gateway against this one")
+    parser.add_argument("--only", choices=["cpu", "before"], help="run only that part (after the set-up)")
     args = parser.parse_args()
     with processes() as procs:
         workdir = procs.workdir
@@ -88,6 +173,12 @@ def main() -> None:
                             "aiohttp-proxy")
 
         r = args.rounds
+        if args.only == "cpu":
+            cpu_per_call(procs, backend, args.seconds, r)
+            return
+        if args.only == "before":
+            removal_cost(procs, args.before, backend, gateway, f"/api/v1/exports/{done}", args.seconds, r)
+            return
         # a hit is one process's work: each server on a core of its own, wrk on the other
         for server in (gateway, bare):
             pin(server)
@@ -107,15 +198,23 @@ def main() -> None:
         if not args.skip_scaling:
             gateway.stop()  # its core is the second worker's now
             scaling(procs, backend, done, r, args.seconds)
-        with nginx(backend.url, Path(body_file)) as nginx_url:
-            if nginx_url is None:
+        with nginx(backend.url, Path(body_file)) as front:
+            if front is None:
                 print("nginx: not installed; comparison skipped (apt-get install nginx-light)")
                 return
-            static = best_of(r, f"{nginx_url}/static", args.seconds, {})
-            proxied = best_of(r, f"{nginx_url}/exports?limit=1", args.seconds, TENANT)
+            static = best_of(r, f"{front.url}/static", args.seconds, {})
+            proxied = best_of(r, f"{front.url}/exports?limit=1", args.seconds, TENANT)
             print(f"{'nginx static answer':<34}{static.line()}")
             print(f"{'nginx proxy_pass, list':<34}{proxied.line()}")
             print(f"  gateway/nginx: cache hit {hit.rps / static.rps:.2f}, list {listed.rps / proxied.rps:.2f}")
+        cpu_per_call(procs, backend, args.seconds, r)
+        if args.before is not None:
+            if not args.skip_scaling:  # the gateway measured above was stopped for the scaling part
+                again = workdir / "again"
+                again.mkdir()
+                gateway = procs.start("gateway", gateway_config(again, backend.url, log_level="warning"),
+                                      "gateway-again")
+            removal_cost(procs, args.before, backend, gateway, f"/api/v1/exports/{done}", args.seconds, r)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -73,10 +74,27 @@ def submit_and_wait(gateway_url: str, body: dict[str, Any], statuses: set[str], 
     return task_id
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and of its children alive now (nginx's workers), from /proc."""
+    pids = [pid, *(int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
+    ticks = 0
+    for one in pids:
+        fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime and stime (fields 14 and 15 of proc(5))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Nginx:
+    url: str
+    pid: int  # the master; its worker is its child
+
+
 @contextlib.contextmanager
-def nginx(upstream: str, body_file: Path) -> Iterator[str | None]:
+def nginx(upstream: str, body_file: Path, static_everywhere: bool = False) -> Iterator[Nginx | None]:
     """nginx on a free port: /static answers `body_file`, everything else is proxy_pass to `upstream`.
 
+    `static_everywhere`: every path answers `body_file` (a static upstream, no proxying).
     None when nginx is not installed (the comparison is then skipped).
     """
     binary = shutil.which("nginx")
@@ -88,6 +106,8 @@ def nginx(upstream: str, body_file: Path) -> Iterator[str | None]:
     body = body_file.read_text()
     if "'" in body:
         raise ValueError("the static answer must not contain a single quote (nginx string)")
+    rest = ("location / { default_type application/json; return 200 '" + body + "'; }" if static_everywhere
+            else 'location / { proxy_pass http://pool; proxy_http_version 1.1; proxy_set_header Connection ""; }')
     with tempfile.TemporaryDirectory(prefix="bench-nginx-") as tmp:
         conf = Path(tmp) / "nginx.conf"
         conf.write_text(f"""
@@ -101,15 +121,15 @@ http {{
   server {{
     listen 127.0.0.1:{port};
     location = /static {{ default_type application/json; return 200 '{body}'; }}
-    location / {{ proxy_pass http://pool; proxy_http_version 1.1; proxy_set_header Connection ""; }}
+    {rest}
   }}
 }}""")
         proc = subprocess.Popen([binary, "-c", str(conf), "-p", tmp], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         try:
-            wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200, 10,
+            wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/static", timeout=1).status_code == 200, 10,
                        what="nginx")
-            yield f"http://127.0.0.1:{port}"
+            yield Nginx(f"http://127.0.0.1:{port}", proc.pid)
         finally:
             proc.terminate()
             proc.wait(10)

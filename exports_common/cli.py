@@ -6,10 +6,9 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar, cast
 
 import uvicorn
@@ -19,7 +18,17 @@ from starlette.types import ASGIApp
 from exports_common import dev_mode, jsonlog, shutdown
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.connection_limits import ConnectionLimits, bounded_http
-from exports_common.workers import METRICS_DIR_ENV, STARTUP_FAILURE, Supervisor, metrics_dir
+from exports_common.workers import (
+    METRICS_DIR_ENV,
+    STARTUP_FAILURE,
+    MetricsDirRefused,
+    Supervisor,
+    prepare_metrics_dir,
+)
+
+# set for the run started again with its metrics directory in place: "made" (a private one, removed at the end)
+# or "given" ($PROMETHEUS_MULTIPROC_DIR, left in place)
+METRICS_DIR_STATE_ENV = "EXPORTS_METRICS_DIR"
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -133,6 +142,20 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
     if refusal:
         print(f"{prog}: {refusal}", file=sys.stderr)
         return 2
+    if _metrics_mode_differs(workers):
+        # prometheus_client chooses its multiprocess mode once, when it is imported, from $PROMETHEUS_MULTIPROC_DIR:
+        # the run starts again (the same process, exec) with the variable as the workers need it
+        if workers > 1:
+            try:
+                where, made = prepare_metrics_dir(prog)
+            except MetricsDirRefused as exc:
+                print(f"{prog}: {exc}", file=sys.stderr)
+                return 2
+            os.environ[METRICS_DIR_ENV] = str(where)
+            os.environ[METRICS_DIR_STATE_ENV] = "made" if made else "given"
+        else:
+            os.environ.pop(METRICS_DIR_ENV, None)  # one process answers for itself
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     config = config.model_copy(update=overrides)
     served = cast(Served, config)
@@ -150,11 +173,21 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
                             proxy_headers=False, timeout_keep_alive=limits.keep_alive_sec,
                             timeout_graceful_shutdown=served.shutdown_timeout_sec)
     if workers == 1:
-        os.environ.pop(METRICS_DIR_ENV, None)  # one process answers for itself: no other run's files merged in
         single = shutdown.Server(server)
         # uvicorn re-raises the Ctrl-C it shut down on; a stop asked for is no error (uvicorn.run swallows it too)
         with contextlib.suppress(KeyboardInterrupt):
             single.run()
         return 0 if single.started else STARTUP_FAILURE
-    with metrics_dir(Path(tempfile.gettempdir()) / f"{prog}-metrics-{os.getpid()}"):
+    try:
         return Supervisor(server, workers).run()
+    finally:
+        if os.environ.get(METRICS_DIR_STATE_ENV) == "made":
+            shutil.rmtree(os.environ[METRICS_DIR_ENV], ignore_errors=True)
+
+
+def _metrics_mode_differs(workers: int) -> bool:
+    """Whether this process was started with $PROMETHEUS_MULTIPROC_DIR otherwise than `workers` processes need:
+    set and prepared for several, unset for one."""
+    if workers > 1:
+        return METRICS_DIR_STATE_ENV not in os.environ
+    return METRICS_DIR_ENV in os.environ

@@ -108,21 +108,25 @@ class Installed:
 _installed: dict[str, Installed] = {}  # the one provider, once installed
 
 
-def install(default_service: str, config: TracingConfig) -> Installed:
-    """The process's tracer provider and its span processor, installed once (OpenTelemetry allows one per process)."""
+def install(default_service: str, config: TracingConfig, decided: Sampler | None = None) -> Installed:
+    """The process's tracer provider and its span processor, installed once (OpenTelemetry allows one per process).
+
+    `decided`: the sampler of a process that decides which requests record before it starts a span (the gateway),
+    instead of the one the config names.
+    """
     if "installed" not in _installed:
         resource = Resource.create({"service.name": config.service_name or default_service})
-        chosen = sampler(config) if config.exporter != "none" else ALWAYS_OFF
+        chosen = ALWAYS_OFF if config.exporter == "none" else decided or sampler(config)
         provider = TracerProvider(resource=resource, sampler=chosen)
         processor: SpanProcessor | None = None
         if config.exporter == "console":
             processor = SimpleSpanProcessor(ConsoleSpanExporter())
         elif config.exporter == "otlp":
-            from exports_common.otlp_exporter import SpanExporter
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             endpoint = config.endpoint.rstrip("/") + "/v1/traces"
             # batched as OTEL_BSP_SCHEDULE_DELAY and OTEL_BSP_MAX_EXPORT_BATCH_SIZE say (5 s, 512 spans)
-            processor = BatchSpanProcessor(SpanExporter(endpoint=endpoint))
+            processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
         if processor is not None:
             provider.add_span_processor(processor)
         trace.set_tracer_provider(provider)

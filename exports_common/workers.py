@@ -1,11 +1,11 @@
 """`run --workers N`: one listening socket, N forked uvicorn servers accepting on it, kept running.
 
-uvicorn's own `--workers` supervisor starts its children with multiprocessing's
-`spawn`, which pickles the server config: the bounded protocol class
-(exports_common.connection_limits, built per config) and the app object do not
-pickle, so that supervisor would lose the connection limits. Forking after the
-socket is bound keeps both: each child inherits the socket, the app and the
-protocol class as they are, and runs an ordinary `uvicorn.Server`.
+uvicorn's own `--workers` supervisor would take the app and the bounded protocol
+class as import strings, but its workers run uvicorn's own `Server`, not
+`exports_common.shutdown.Server` (which ends event streams at once on a graceful
+stop), and it has no hook to mark a dead worker for prometheus_client's live gauges.
+Here each child is forked after the socket is bound, inherits the socket, the app and
+the protocol class, and runs `exports_common.shutdown.Server`.
 
 The parent only supervises. SIGTERM / SIGINT stop every worker gracefully (then
 kill after the grace period); SIGHUP is passed on to each worker (the gateway
@@ -14,46 +14,79 @@ at most once a second.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import shutil
 import signal
 import socket
+import tempfile
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Iterator
 
 import uvicorn
+from prometheus_client import multiprocess
 
 from exports_common import shutdown
 
 log = logging.getLogger("workers")
-# where each worker publishes its metrics for the one that is scraped (gateway.worker_metrics)
+# where the workers count their metrics (prometheus_client's multiprocess mode)
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+DB_KINDS = frozenset({"counter", "gauge", "histogram", "summary"})
 RESTART_DELAY_SEC = 1.0
 STARTUP_FAILURE = 3  # uvicorn's exit code when a server could not start (e.g. its lifespan failed)
 STOP_GRACE_SEC = 15.0
 
 
-@contextlib.contextmanager
-def metrics_dir(default: Path) -> Iterator[Path]:
-    """An empty directory for this run's worker metrics: $PROMETHEUS_MULTIPROC_DIR if set, else `default`.
+class MetricsDirRefused(Exception):
+    """$PROMETHEUS_MULTIPROC_DIR names something the workers must not count in; the message says what to set."""
 
-    Emptied at start: a previous run's files would add a dead process's counts to this one's.
-    `default` (a directory of this run's own) is removed at the end.
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _left_over(path: Path) -> bool:
+    """A file prometheus_client's multiprocess mode wrote (`counter_<pid>.db`, `gauge_livemax_<pid>.db`...) for a
+    process that is gone: its counts would be added to this run's."""
+    kind, _, rest = path.stem.partition("_")
+    pid = rest.rpartition("_")[2]
+    return (path.suffix == ".db" and kind in DB_KINDS and pid.isdigit() and not _alive(int(pid))
+            and path.is_file() and not path.is_symlink())
+
+
+def prepare_metrics_dir(prog: str) -> tuple[Path, bool]:
+    """The directory this run's workers count in, with no counts of an earlier run; whether it was made here.
+
+    $PROMETHEUS_MULTIPROC_DIR when set: created if missing; a symbolic link or something not a directory is
+    refused; only the files prometheus_client wrote there for processes now gone are removed, nothing else and
+    nothing below.
+    Unset: a private directory of this run (0700 under the temp dir), removed at the end.
     """
     given = os.environ.get(METRICS_DIR_ENV)
-    path = Path(given or default)
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True, mode=0o700)
-    os.environ[METRICS_DIR_ENV] = str(path)
+    if not given:
+        return Path(tempfile.mkdtemp(prefix=f"{prog}-metrics-")), True
+    path = Path(given)
+    if path.is_symlink():
+        raise MetricsDirRefused(f"{METRICS_DIR_ENV}={given} is a symbolic link: set it to a directory itself "
+                                f"(or unset it for a private one)")
+    if path.exists() and not path.is_dir():
+        raise MetricsDirRefused(f"{METRICS_DIR_ENV}={given} is not a directory: set it to a directory the "
+                                f"workers may write in (or unset it for a private one)")
     try:
-        yield path
-    finally:
-        if not given:
-            shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True, mode=0o700, exist_ok=True)
+        for entry in path.iterdir():
+            if _left_over(entry):
+                entry.unlink()
+    except OSError as exc:
+        raise MetricsDirRefused(f"{METRICS_DIR_ENV}={given} cannot be used: {exc.strerror}; set it to a "
+                                f"directory the workers may write in (or unset it for a private one)") from exc
+    return path, False
 
 
 class Supervisor:
@@ -104,7 +137,10 @@ class Supervisor:
             if pid == 0:
                 return
             started = self.children.pop(pid, None)
-            if started is None or self.stopping:
+            if started is None:
+                continue
+            multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]  # its gauges leave the figures; its counts stay in the totals
+            if self.stopping:
                 continue
             if os.WIFEXITED(status) and os.WEXITSTATUS(status) == STARTUP_FAILURE:
                 # the next would fail the same way: the whole server stops, as a single process would

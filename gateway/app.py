@@ -10,13 +10,13 @@ import contextlib
 from typing import AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from exports_common.envelope import exception_handlers
 from gateway import dispatch
 from gateway.config import GatewayConfig
 from gateway.ops import OpsEndpoints, is_ops_path
-from gateway.request import GatewayRequest
 from gateway.wiring import RuntimeHolder, running
 
 
@@ -48,7 +48,7 @@ class Gateway:
         elif is_ops_path(scope["path"]):
             await self.ops_app(scope, receive, send)
         else:
-            await (await dispatch.handle(runtime, GatewayRequest(scope, receive)))(scope, receive, send)
+            await (await dispatch.handle(runtime, Request(scope, receive)))(scope, receive, send)
 
 
 def create_app(config: GatewayConfig, config_path: str | None = None) -> Gateway:

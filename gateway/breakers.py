@@ -1,4 +1,4 @@
-"""Circuit breakers (pybreaker): one per upstream, shared by every route and tenant, and one per tenant.
+"""Circuit breakers: one per upstream, shared by every route and tenant, and one per tenant.
 
 The rule that keeps one tenant from opening the shared breaker for everyone:
 - transport failures (connect errors, resets, timeouts) count toward the upstream's
@@ -15,21 +15,18 @@ The rule that keeps one tenant from opening the shared breaker for everyone:
 - a tenant whose requests alone keep failing gets its own open state (its own 503
   with Retry-After, listed in /admin/breakers) and nobody else notices.
 
-pybreaker has no asyncio support, so the answer is awaited first and then fed to
-pybreaker through `calling()`; a call that says nothing about a breaker (a
-cancelled request, a tenant's 5xx for the shared one, a transport failure for the
-tenant's) is not fed to it at all. pybreaker also does not hold half-open to one
-trial when calls overlap; `trial_in_flight` closes that gap.
+Each breaker is a small state machine of its own: closed (counting consecutive
+failures), open (refusing until `reset_timeout` has passed), half-open (exactly one
+trial call; its answer closes or reopens it). The answer is awaited first and then
+recorded; a call that says nothing about a breaker (a cancelled request, a tenant's
+5xx for the shared one, a transport failure for the tenant's) is not recorded at all.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from datetime import datetime
-from typing import Awaitable, Callable
-
-import pybreaker
+from typing import Awaitable, Callable, Literal
 
 from exports_common.errors import unavailable
 from gateway.response import GatewayResponse
@@ -37,58 +34,26 @@ from gateway.telemetry import Metrics
 from gateway.upstream import UpstreamError
 
 log = logging.getLogger("gateway.breaker")
-STATES = {"closed": 0, "half-open": 1, "open": 2}
+State = Literal["closed", "half-open", "open"]
+STATES: dict[str, int] = {"closed": 0, "half-open": 1, "open": 2}
 ANONYMOUS = "-"  # calls with no tenant (signed downloads) share one tenant's breaker
 # statuses in which the upstream (or a proxy in front of it) says it cannot serve now, whoever asks
 UNAVAILABLE = frozenset({502, 503, 504})
 _TRIALS: set[asyncio.Future[GatewayResponse]] = set()
 
 
-class _Report(pybreaker.CircuitBreakerListener):
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-
-    def state_change(self, cb: pybreaker.CircuitBreaker, old: object, new: object) -> None:
-        old_name, new_name = getattr(old, "name", str(old)), getattr(new, "name", str(new))
-        self.metrics.breaker_transitions.add(cb.name or "", new_name)
-        log.warning("circuit breaker changed state", extra={"breaker": cb.name, "from": old_name, "to": new_name})
-
-
-class _Storage(pybreaker.CircuitMemoryStorage):
-    """pybreaker's in-memory state, which also keeps the opening time as a unix time.
-
-    A refused call needs the seconds left open, and pybreaker's breaker exposes no accessor
-    for when it opened; its storage interface (`opened_at`) is where a breaker may look.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(pybreaker.STATE_CLOSED)
-        self._opened: datetime | None = None
-        self.opened_ts: float | None = None  # converted once per opening, not per refusal
-
-    @property
-    def opened_at(self) -> datetime | None:
-        return self._opened
-
-    @opened_at.setter
-    def opened_at(self, when: datetime) -> None:
-        self._opened, self.opened_ts = when, when.timestamp()
-
-
-class _Failed(Exception):
-    """What pybreaker is told when an answer counts as a failure."""
-
-
 class Breaker:
     def __init__(self, name: str, fail_max: int, reset_timeout: float, metrics: Metrics,
                  window_sec: float = 10.0, tenant: str | None = None) -> None:
-        self.storage = _Storage()
-        self.cb = pybreaker.CircuitBreaker(fail_max=fail_max, reset_timeout=reset_timeout, name=name,
-                                           throw_new_error_on_trip=False, listeners=[_Report(metrics)],
-                                           state_storage=self.storage)
+        self.name = name
+        self.fail_max = fail_max
+        self.reset_timeout = reset_timeout
         self.metrics = metrics
         self.tenant = tenant
         self.window_sec = window_sec
+        self.state: str = "closed"  # a State
+        self.failures = 0  # consecutive, while closed
+        self.opened_at = 0.0  # time.monotonic() when it last opened
         self.trial_in_flight = False
         # shared breaker only: each tenant's own breaker, when each last saw a failure status, and when each
         # last had an answer that was no failure
@@ -96,34 +61,36 @@ class Breaker:
         self._failing_since: dict[str, float] = {}
         self._served_at: dict[str, float] = {}
 
+    def _become(self, state: State) -> None:
+        old, self.state = self.state, state
+        if state == "open":
+            self.opened_at = time.monotonic()
+        if state == "closed":
+            self.failures = 0
+        self.metrics.breaker_transitions.add(self.name, state)
+        log.warning("circuit breaker changed state", extra={"breaker": self.name, "from": old, "to": state})
+
     def trial_done(self, _: object = None) -> None:
         self.trial_in_flight = False
-
-    @property
-    def state(self) -> str:
-        return self.cb.current_state
 
     def seconds_to_trial(self) -> float:
         return self.seconds_left_open() if self.state == "open" else 0.0
 
     def seconds_left_open(self) -> float:
         """Seconds until an open breaker lets a trial through; asked on every call it refuses."""
-        opened = self.storage.opened_ts
-        if opened is None:
-            return 0.0
-        return max(0.0, self.cb.reset_timeout - (time.time() - opened))
+        return max(0.0, self.reset_timeout - (time.monotonic() - self.opened_at))
 
     def configure(self, fail_max: int, reset_timeout: float, window_sec: float) -> None:
         for breaker in (self, *self.tenants.values()):
-            breaker.cb.fail_max = fail_max
-            breaker.cb.reset_timeout = reset_timeout
+            breaker.fail_max = fail_max
+            breaker.reset_timeout = reset_timeout
             breaker.window_sec = window_sec
 
     def of_tenant(self, tenant: str | None) -> Breaker:
         key = tenant or ANONYMOUS
         own = self.tenants.get(key)
         if own is None:
-            own = self.tenants[key] = Breaker(f"{self.cb.name}/{key}", self.cb.fail_max, self.cb.reset_timeout,
+            own = self.tenants[key] = Breaker(f"{self.name}/{key}", self.fail_max, self.reset_timeout,
                                               self.metrics, self.window_sec, tenant=key)
         return own
 
@@ -159,7 +126,7 @@ class Breaker:
             raise self.refusal(1.0)
         self.trial_in_flight = True
         if state == "open":
-            self.cb.half_open()
+            self._become("half-open")
         return True
 
     def refusal(self, retry_after: float) -> Exception:
@@ -170,25 +137,26 @@ class Breaker:
                            "parameters", max(1, round(retry_after)), data={"reason": "tenant_circuit_open"})
 
     def record(self, failed: bool) -> None:
-        if not failed and self.cb.fail_counter == 0 and self.cb.current_state == "closed":
-            # all pybreaker would do with it is restart a run of failures that is already at zero (a closed
-            # state has no hook for a success; the listener reports state changes only): its call machinery,
-            # twice per proxied call, cost more than the rest of the breaker
-            return
-        try:
-            with self.cb.calling():
-                if failed:
-                    raise _Failed
-        except (_Failed, pybreaker.CircuitBreakerError):
-            pass  # counted; an open breaker raises instead of counting a late answer
+        """An answer's verdict. Closed: a failure adds to the run (`fail_max` in a row open it), a success ends
+        the run. Half-open: the trial's answer closes or reopens it. Open: a late answer of a call made before it
+        opened says nothing new, and is not counted."""
+        if self.state == "closed":
+            if not failed:
+                self.failures = 0
+                return
+            self.failures += 1
+            if self.failures >= self.fail_max:
+                self._become("open")
+        elif self.state == "half-open":
+            self._become("open" if failed else "closed")
 
     def describe(self) -> dict[str, object]:
         out: dict[str, object] = {
-            "state": self.state, "failures": self.cb.fail_counter, "fail_max": self.cb.fail_max,
-            "reset_timeout_sec": self.cb.reset_timeout, "seconds_to_trial": round(self.seconds_to_trial(), 3)}
+            "state": self.state, "failures": self.failures, "fail_max": self.fail_max,
+            "reset_timeout_sec": self.reset_timeout, "seconds_to_trial": round(self.seconds_to_trial(), 3)}
         if self.tenant is None:
             out["tenants"] = {name: b.describe() for name, b in self.tenants.items()
-                              if b.state != "closed" or b.cb.fail_counter}
+                              if b.state != "closed" or b.failures}
         return out
 
 

@@ -10,15 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from starlette.requests import Request
+
 from exports_common.json_body import read_limited, too_large
-from gateway.request import GatewayRequest
 from gateway.response import GatewayResponse
 from gateway.upstream import Timeouts
 
 
-@dataclass(slots=True)  # one per request: slots make it smaller and its fields quicker to reach
+@dataclass(slots=True)  # one per request: no per-instance dict
 class RequestContext:
-    request: GatewayRequest
+    request: Request
     method: str
     route_name: str
     upstream: str

@@ -15,7 +15,7 @@ import time
 
 from opentelemetry.trace import INVALID_SPAN
 from redis.exceptions import RedisError
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import Scope
 
 from exports_common.connection_limits import HEADER_BYTES_BOUND
@@ -24,7 +24,6 @@ from exports_common.jsonlog import request_ids_var
 from exports_common.redis_client import store_unavailable
 from gateway import access_log
 from gateway.context import RequestContext
-from gateway.request import GatewayRequest
 from gateway.response import GatewayResponse
 from gateway.runtime import Runtime
 from gateway.upstream import AnswerTooLarge, UpstreamError
@@ -65,7 +64,7 @@ def refuse_headers(runtime: Runtime, scope: Scope) -> GatewayResponse | None:
                                                                        f"{limit} bytes"))
 
 
-async def handle(runtime: Runtime, request: GatewayRequest) -> GatewayResponse:
+async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
     scope = request.scope
     method, path = scope["method"], scope["path"]
     match = runtime.router.match(method, path)
@@ -81,11 +80,10 @@ async def handle(runtime: Runtime, request: GatewayRequest) -> GatewayResponse:
         return GatewayResponse.error(exc)
     headers = request.headers
     supplied = headers.get("x-request-id")
-    # by position (request, method, route_name, upstream, upstream_path, params, request_id): seven keywords
-    # cost more than the fields' assignment itself
     ctx = RequestContext(
-        request, method, route.name, route.upstream, upstream_path, match.params,
-        supplied if supplied and _REQUEST_ID.match(supplied) else f"{random.getrandbits(128):032x}",
+        request=request, method=method, route_name=route.name, upstream=route.upstream,
+        upstream_path=upstream_path, params=match.params,
+        request_id=supplied if supplied and _REQUEST_ID.match(supplied) else f"{random.getrandbits(128):032x}",
     )
     services = runtime.services
     started = time.perf_counter()

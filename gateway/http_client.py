@@ -1,9 +1,8 @@
 """The gateway's upstream HTTP/1.1 client: a keep-alive pool per origin on asyncio Protocols and llhttp.
 
 Written here rather than taken from aiohttp because the proxied call is the gateway's hot
-path and aiohttp's session spent ~296,000 CPU instructions on one pooled GET, the
-whole gateway's list call ~960,000 (callgrind, docs/libraries.md "Libraries, and what is written
-by hand"). Parsing is httptools (llhttp, Node's parser); what is written here is the
+path (the figure it won by: docs/libraries.md "Libraries, and what is written by hand").
+Parsing is httptools (llhttp, Node's parser); what is written here is the
 pooling, the framing of requests, and the timeouts.
 
 - Pool: per origin, at most its pool size (its upstream's `pool_size`) connections lent at
@@ -45,8 +44,8 @@ HIGH_WATER = 256 * 1024
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 256
 IDLE_TIMEOUT_SEC = 30.0
-# read timeouts and deadlines are checked this often, by one timer per pool for every waiting reader: a timer of
-# its own per wait cost ~2,800 more instructions per call (callgrind); a timeout fires up to this much late
+# read timeouts and deadlines are checked this often, by one timer per pool for every waiting reader (not a timer
+# per wait); a timeout fires up to this much late
 TICK_SEC = 0.05
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 # methods that send no `content-length: 0` when they have no body (as aiohttp)
@@ -60,8 +59,9 @@ _VISIBLE = re.compile(r"[!-~]+")
 _TOKEN_CHAR = r"[-!#$%&'*+.^_`|~0-9A-Za-z]"
 _TOKEN = _TOKEN_CHAR + "+"
 _METHOD = re.compile(_TOKEN)
-# a header name the caller may give: the names that frame or route the request are the client's alone. Only a
-# name starting with h, c or t pays for the look-ahead (a look-ahead on every name cost ~500 instructions each)
+# a header name the caller may give (RFC 9110 section 5.1, field-name = token): the names that frame or route the
+# request (host, content-length, transfer-encoding) are the client's alone; only a name starting with h, c or t
+# is looked ahead at
 _NAME = (r"(?:[-!#$%&'*+.^_`|~0-9ABD-GI-SU-Zabd-gi-su-z]" + _TOKEN_CHAR + "*"
          r"|(?!(?i:host|content[-_]length|transfer[-_]encoding)\x00)" + _TOKEN + ")")
 # headers joined as name NUL value SOH ...: names are tokens, values hold no control byte but tab (so no

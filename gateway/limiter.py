@@ -57,8 +57,8 @@ class Quota:
 
     per_sec: float
     burst: int
-    # worked out once, not on every request: the time one request takes from the bucket, and the time an
-    # empty bucket takes to fill (its depth: the policy is `burst` requests per this window)
+    # the time one request takes from the bucket, and the time an empty bucket takes to fill (its depth: the
+    # policy is `burst` requests per this window)
     interval: float = field(init=False, repr=False, compare=False)
     window_sec: float = field(init=False, repr=False, compare=False)
 
@@ -71,7 +71,7 @@ class Quota:
 
 
 class Decision(NamedTuple):
-    """Immutable as a frozen dataclass, made for less than half its cost (every limited request makes one)."""
+    """What a limit says of one request."""
 
     allowed: bool
     remaining: int
@@ -82,16 +82,15 @@ class Decision(NamedTuple):
 def gcra(tat: float, now: float, quota: Quota) -> Decision:
     """The decision for one request at `now`. Admitted, the bucket's new TAT is `now + decision.reset`."""
     interval, tolerance = quota.interval, quota.window_sec
-    tat = tat if tat > now else now  # not max(): a call, on every request
+    tat = max(tat, now)
     ahead = tat + interval - now
     if ahead - tolerance > 0.5 * interval:
         return Decision(False, 0, ahead - tolerance, tat - now)
     left = math.floor((tolerance - ahead) / interval + 1e-9)  # -1 for the last half interval
-    # tuple.__new__: the admitted decision, made for every request, without NamedTuple's __new__ frame
-    return tuple.__new__(Decision, (True, left if left > 0 else 0, 0.0, ahead))
+    return Decision(True, max(left, 0), 0.0, ahead)
 
 
-# a bucket of this process: (tag, limit), cheaper to make than the Redis key and meaningful only here
+# a bucket of this process: (tag, limit); meaningful only here, unlike the Redis key
 LocalKey = tuple[str, str]
 
 

@@ -45,8 +45,8 @@ class GatewayResponse:
     body: bytes | None = None
     stream: AsyncIterator[bytes] | None = None
     release: Callable[[], Any] | None = None
-    # the upstream client's own way to read the whole body (at most the bytes given), cheaper than draining
-    # `stream` chunk by chunk
+    # the upstream client's own way to read the whole body at once (at most the bytes given), instead of
+    # draining `stream` chunk by chunk
     whole: Callable[[int], Awaitable[bytes]] | None = None
     # the most `read` takes of a streamed body (the route's `max_answer_bytes`): past it, AnswerTooLarge
     max_read: int = DEFAULT_MAX_ANSWER_BYTES
@@ -90,7 +90,6 @@ class GatewayResponse:
 
     def set_header(self, name: str, value: str) -> None:
         name = name.lower()
-        # a plain loop: any() over a generator cost a new header (the common case) twice as much
         for k, _ in self.headers:
             if k == name:
                 self.headers = [(k, v) for k, v in self.headers if k != name]

@@ -56,7 +56,7 @@ class State:
     def kv(self, name: str, durable: bool = False, table: str | None = None) -> KeyValue:
         """The key-value store `name`: Redis keys `<prefix>:<name>:…`, else SQLite table `table or name` or memory.
 
-        `table` keeps the records of a store whose local file predates these names.
+        `table`: the SQLite table, when it is not named `name`.
         """
         def make() -> KeyValue:
             if self.redis is not None:

@@ -1,187 +1,216 @@
-"""The gateway's metrics (Prometheus text through prometheus_client) and traces (OpenTelemetry, W3C propagation).
+"""The gateway's metrics (prometheus_client) and traces (OpenTelemetry, W3C propagation).
 
-Metrics are counted in process by plain tallies and histograms and handed to
-prometheus_client by one collector at scrape time: a `Counter.labels().inc()`
-costs a lock and a dict lookup per call, a tally well under a microsecond on the
-cache-hit path. The gateway's own metrics are declared in `Metrics`; a plugin declares its own
-through `Metrics.tally` under its own name. Each known label combination gets a
-zero before its first event (`seed`, and each plugin when its route is built),
-so a rate() or an alert has a series from the first scrape.
+Every metric is a prometheus_client object in the process's own registry; a
+labelled metric's children are kept by their label values, so counting an event
+is one dict lookup and prometheus_client's increment. The gateway's own metrics
+are declared in `Metrics`; a plugin declares its own through `Metrics.tally`
+under its own name. Each known label combination gets a zero before its first
+event (`seed`, and each plugin when its route is built), so a rate() or an alert
+has a series from the first scrape.
+
+With `run --workers N` the workers count in prometheus_client's multiprocess
+mode (files in $PROMETHEUS_MULTIPROC_DIR, prepared by exports_common.workers):
+whichever worker is scraped answers for all of them; a dead worker's counts stay
+in the totals, its gauges leave with it.
 
 OpenTelemetry is for traces only; `gateway.tracing` sets it up.
 """
 from __future__ import annotations
 
-import bisect
-import itertools
-from collections import Counter
-from typing import Callable, Iterable, Iterator
+import logging
+import os
+from typing import Callable, Iterable, Literal
 
+import prometheus_client
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.multiprocess import MultiProcessCollector
 
+from exports_common import periodic
 from exports_common.otel import TracingConfig
-from gateway import worker_metrics
+from exports_common.workers import METRICS_DIR_ENV
 from gateway.tracing import ServerTrace, Tracing, inject, setup_tracing
 
 __all__ = ["Metrics", "ServerTrace", "Tracing", "inject", "prometheus_text", "setup"]
 
+log = logging.getLogger("gateway")
 BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-_BOUND_LABELS = [str(b) for b in BOUNDS] + ["+Inf"]
+GAUGE_REFRESH_SEC = 1.0  # with several workers: how old another worker's gauges may be when one is scraped
+# the series the dashboards and alerts read, without a `_created` sample beside each counter and histogram
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
+
+
+def multiprocess_dir() -> str | None:
+    """The directory the workers of `run --workers N` count in; None for a process that answers for itself."""
+    return os.environ.get(METRICS_DIR_ENV) or None
 
 
 class Tally:
-    """A monotonic counter keyed by label values."""
+    """A monotonic counter keyed by label values (a prometheus_client Counter)."""
 
-    def __init__(self, name: str, labels: tuple[str, ...], description: str) -> None:
+    def __init__(self, name: str, labels: tuple[str, ...], description: str, registry: CollectorRegistry) -> None:
         self.name = name
         self.labels = labels
-        self.description = description
-        self.counts: Counter[tuple[str, ...]] = Counter()
+        self.counter = prometheus_client.Counter(name, description, labels, registry=registry)
+        self.children: dict[tuple[str, ...], prometheus_client.Counter] = {}
+
+    def child(self, values: tuple[str, ...]) -> prometheus_client.Counter:
+        found = self.children.get(values)
+        if found is None:
+            found = self.children[values] = self.counter.labels(*values)
+        return found
 
     def add(self, *values: str, amount: int = 1) -> None:
-        self.counts[values] += amount
+        self.child(values).inc(amount)
 
     def seed(self, *values: str) -> None:
-        self.counts[values] += 0
+        self.child(values)
 
     def total(self, **match: str) -> int:
-        idx = {label: i for i, label in enumerate(self.labels)}
-        return sum(n for key, n in self.counts.items() if all(key[idx[k]] == v for k, v in match.items()))
-
-    def families(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(self.name, self.description, labels=self.labels)
-        for key, count in list(self.counts.items()):
-            family.add_metric(list(key), count)
-        yield family
-
-
-class _Series:
-    """One histogram series: a count per bucket (the last is +Inf) and the sum of what was observed."""
-
-    __slots__ = ("counts", "total")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(BOUNDS) + 1)
-        self.total = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(BOUNDS, seconds)] += 1
-        self.total += seconds
+        """This process's count over every series whose labels match."""
+        return int(sum(sample.value for family in self.counter.collect() for sample in family.samples
+                       if sample.name.endswith("_total")
+                       and all(sample.labels.get(k) == v for k, v in match.items())))
 
 
 class LatencyHistogram:
-    """Seconds in Prometheus histogram buckets: a bisect and an increment per observation."""
+    """Seconds in Prometheus histogram buckets, keyed by label values (a prometheus_client Histogram)."""
 
-    def __init__(self, name: str, labels: tuple[str, ...], description: str) -> None:
-        self.name = name
-        self.labels = labels
-        self.description = description
-        self.series: dict[tuple[str, ...], _Series] = {}
+    def __init__(self, name: str, labels: tuple[str, ...], description: str, registry: CollectorRegistry) -> None:
+        self.histogram = prometheus_client.Histogram(name, description, labels, registry=registry, buckets=BOUNDS)
+        self.children: dict[tuple[str, ...], prometheus_client.Histogram] = {}
+
+    def child(self, values: tuple[str, ...]) -> prometheus_client.Histogram:
+        found = self.children.get(values)
+        if found is None:
+            found = self.children[values] = self.histogram.labels(*values)
+        return found
 
     def record(self, seconds: float, *values: str) -> None:
-        series = self.series.get(values)
-        if series is None:
-            series = self.series[values] = _Series()
-        series.observe(seconds)
-
-    def families(self) -> Iterator[Metric]:
-        yield _histogram(self.name, self.description, self.labels,
-                         ((list(k), list(s.counts), s.total) for k, s in list(self.series.items())))
+        self.child(values).observe(seconds)
 
 
-def _histogram(name: str, description: str, labels: Iterable[str],
-               series: Iterable[tuple[list[str], list[int], float]]) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, description, labels=list(labels))
-    for values, counts, total in series:
-        family.add_metric(values, list(zip(_BOUND_LABELS, itertools.accumulate(counts), strict=True)), total)
-    return family
+_RequestSeries = tuple[prometheus_client.Counter, prometheus_client.Histogram, prometheus_client.Histogram]
 
 
 class RequestStats:
-    """Every answered request, recorded once and exported three ways.
+    """Every answered request, recorded three ways: the request count by route and status, the latency by route
+    (the gateway's own names), and OpenTelemetry's `http.server.request.duration` by method, route and status."""
 
-    One histogram keyed by (route, method, route path, status) gives the request
-    count by route and status, the latency by route (the gateway's own names), and
-    OpenTelemetry's `http.server.request.duration` by method, route and status.
-    The status stays a number until exported: every request records one.
-    """
-
-    def __init__(self) -> None:
-        self.series: dict[tuple[str, str, str, int], _Series] = {}
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.count = Tally("gateway_requests", ("route", "status"), "client requests by route and status", registry)
+        self.by_route = LatencyHistogram("gateway_request_duration_seconds", ("route",), "time to answer, by route",
+                                         registry)
+        self.by_method = LatencyHistogram(
+            "http_server_request_duration_seconds", ("http_request_method", "http_route", "http_response_status_code"),
+            "OpenTelemetry http.server.request.duration: time to answer, by method, route and status", registry)
+        self.series: dict[tuple[str, str, str, int], _RequestSeries] = {}
 
     def record(self, seconds: float, route: str, method: str, path: str, status: int) -> None:
         series = self.series.get((route, method, path, status))
         if series is None:
-            series = self.series[(route, method, path, status)] = _Series()
-        series.observe(seconds)
-
-    def total(self, **match: str) -> int:
-        idx = {"route": 0, "method": 1, "path": 2, "status": 3}
-        return sum(sum(s.counts) for k, s in self.series.items()
-                   if all(str(k[idx[n]]) == v for n, v in match.items()))
-
-    def families(self) -> Iterator[Metric]:
-        snapshot = [((route, method, path, str(status)), list(s.counts), s.total)
-                    for (route, method, path, status), s in list(self.series.items())]
-        requests = CounterMetricFamily("gateway_requests", "client requests by route and status",
-                                       labels=("route", "status"))
-        by_route: dict[str, tuple[list[int], float]] = {}
-        for (route, _, _, status), counts, total in snapshot:
-            requests.add_metric([route, status], sum(counts))
-            merged, seconds = by_route.get(route, ([0] * len(counts), 0.0))
-            by_route[route] = ([a + b for a, b in zip(merged, counts, strict=True)], seconds + total)
-        yield requests
-        yield _histogram("gateway_request_duration_seconds", "time to answer, by route", ("route",),
-                         (([route], c, s) for route, (c, s) in by_route.items()))
-        yield _histogram("http_server_request_duration_seconds",
-                         "OpenTelemetry http.server.request.duration: time to answer, by method, route and status",
-                         ("http_request_method", "http_route", "http_response_status_code"),
-                         (([m, p, st], c, s) for (_, m, p, st), c, s in snapshot))
+            code = str(status)
+            series = self.series[(route, method, path, status)] = (
+                self.count.child((route, code)), self.by_route.child((route,)),
+                self.by_method.child((method, path, code)))
+        count, by_route, by_method = series
+        count.inc()
+        by_route.observe(seconds)
+        by_method.observe(seconds)
 
 
 Gauge = Callable[[], Iterable[tuple[float, dict[str, str]]]]
+# how the workers' values of one gauge make its figure: the worst (max), their sum (a per-worker quantity), or
+# the latest read (a value of shared state, which every worker reads alike)
+GaugeMerge = Literal["max", "sum", "latest"]
+_MODES: dict[GaugeMerge, Literal["livemax", "livesum", "livemostrecent"]] = {
+    "max": "livemax", "sum": "livesum", "latest": "livemostrecent"}
 
 
-class Metrics(Collector):
+class _ObservedGauge:
+    """A gauge whose values a callable reads, set into a prometheus_client Gauge at each refresh."""
+
+    def __init__(self, name: str, description: str, read: Gauge, merge: GaugeMerge) -> None:
+        self.name, self.description, self.read, self.merge = name, description, read, merge
+        self.labels: list[str] = []
+        self.gauge: prometheus_client.Gauge | None = None  # made at the first read with values (its label names)
+        self.shown: set[tuple[str, ...]] = set()
+
+    def refresh(self, registry: CollectorRegistry) -> None:
+        values = list(self.read())
+        if self.gauge is None:
+            if not values:
+                return
+            self.labels = sorted({k for _, attrs in values for k in attrs})
+            self.gauge = prometheus_client.Gauge(self.name, self.description, self.labels, registry=registry,
+                                                 multiprocess_mode=_MODES[self.merge])
+        seen = set()
+        for value, attrs in values:
+            key = tuple(attrs.get(k, "") for k in self.labels)
+            seen.add(key)
+            (self.gauge.labels(*key) if self.labels else self.gauge).set(value)
+        for gone in self.shown - seen:  # a series no longer read (a route removed by a reload)
+            self.gauge.remove(*gone)
+        self.shown = seen
+
+
+class Metrics:
     def __init__(self) -> None:
-        self.requests = RequestStats()
-        self.upstream_calls = Tally("gateway_upstream_calls", ("upstream", "route", "outcome"),
-                                    "calls made to upstreams, by outcome: a status, or connect_error, timeout, reset")
-        self.upstream_duration = LatencyHistogram("gateway_upstream_duration_seconds", ("upstream", "route"),
-                                                  "time to an upstream's answer (headers), by upstream and route")
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = RequestStats(self.registry)
+        self.upstream_calls = self._tally(
+            "gateway_upstream_calls", ("upstream", "route", "outcome"),
+            "calls made to upstreams, by outcome: a status, or connect_error, timeout, reset")
+        self.upstream_duration = LatencyHistogram(
+            "gateway_upstream_duration_seconds", ("upstream", "route"),
+            "time to an upstream's answer (headers), by upstream and route", self.registry)
         # shared by every plugin that answers in the upstream's stead: each seeds and counts its own kinds
-        self.degraded = Tally("gateway_degraded_answers", ("route", "kind"),
-                              "answers from degradation: stale, unavailable, outbox, outbox_pending, reject")
-        self.ejections = Tally("gateway_upstream_ejections", ("upstream", "endpoint"),
-                               "endpoints left out for a while after repeated connect failures")
-        self.breaker_transitions = Tally("gateway_breaker_transitions", ("upstream", "state"),
-                                         "circuit breaker state changes, by new state")
-        self.config_reloads = Tally("gateway_config_reloads", ("outcome",), "config reloads: applied or refused")
-        self.operator_actions = Tally("gateway_operator_actions", ("action", "outcome"),
-                                      "operator recovery actions through the admin API")
+        self.degraded = self._tally("gateway_degraded_answers", ("route", "kind"),
+                                    "answers from degradation: stale, unavailable, outbox, outbox_pending, reject")
+        self.ejections = self._tally("gateway_upstream_ejections", ("upstream", "endpoint"),
+                                     "endpoints left out for a while after repeated connect failures")
+        self.breaker_transitions = self._tally("gateway_breaker_transitions", ("upstream", "state"),
+                                               "circuit breaker state changes, by new state")
+        self.config_reloads = self._tally("gateway_config_reloads", ("outcome",), "config reloads: applied or refused")
+        self.operator_actions = self._tally("gateway_operator_actions", ("action", "outcome"),
+                                            "operator recovery actions through the admin API")
         self._owned: dict[str, Tally] = {}  # the plugins' own counters, by metric name
-        self._gauges: list[tuple[str, str, Gauge]] = []
+        self._gauges: dict[str, _ObservedGauge] = {}
         # values read by awaiting something (the outbox size in Redis): refreshed before each scrape
         self.async_values: dict[str, float] = {}
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)
 
-    def _tallies(self) -> list[Tally]:
-        return [v for v in vars(self).values() if isinstance(v, Tally)] + list(self._owned.values())
+    def _tally(self, name: str, labels: tuple[str, ...], description: str) -> Tally:
+        return Tally(name, labels, description, self.registry)
 
     def tally(self, name: str, labels: tuple[str, ...], description: str) -> Tally:
         """A plugin's own counter, made on first use and the same object after (across config reloads)."""
         owned = self._owned.get(name)
         if owned is None:
-            owned = self._owned[name] = Tally(name, labels, description)
+            owned = self._owned[name] = self._tally(name, labels, description)
         elif owned.labels != labels:
             raise ValueError(f"metric {name} is already counted with labels {owned.labels}")
         return owned
 
-    def observe_gauge(self, name: str, description: str, read: Gauge) -> None:
-        self._gauges.append((name, description, read))
+    def observe_gauge(self, name: str, description: str, read: Gauge, merge: GaugeMerge = "max") -> None:
+        """A gauge read from `read` before each scrape (and, with several workers, once a second); declared again
+        (a reload), its reader is replaced."""
+        known = self._gauges.get(name)
+        if known is None:
+            self._gauges[name] = _ObservedGauge(name, description, read, merge)
+        else:
+            known.read = read
+
+    def refresh_gauges(self) -> None:
+        for gauge in self._gauges.values():
+            gauge.refresh(self.registry)
+
+    async def refresh_gauges_forever(self) -> None:
+        """With several workers: this worker's gauges into the shared files, for whichever worker is scraped."""
+        async def step() -> None:
+            self.refresh_gauges()
+
+        await periodic.periodic("worker gauges", step, GAUGE_REFRESH_SEC, log,
+                                expected={OSError: f"check that {multiprocess_dir()} is writable and its disk "
+                                                   f"not full"})
 
     def seed(self, routes: Iterable[tuple[str, str]]) -> None:
         """Zero for each (route, upstream)'s outcomes an alert or a dashboard reads (plugins seed their own)."""
@@ -193,19 +222,6 @@ class Metrics(Collector):
         for outcome in ("applied", "refused"):
             self.config_reloads.seed(outcome)
 
-    def collect(self) -> Iterator[Metric]:
-        yield from self.requests.families()
-        yield from self.upstream_duration.families()
-        for tally in self._tallies():
-            yield from tally.families()
-        for name, description, read in self._gauges:
-            values = list(read())
-            labels = sorted({k for _, attrs in values for k in attrs})
-            family = GaugeMetricFamily(name, description, labels=labels)
-            for value, attrs in values:
-                family.add_metric([attrs.get(k, "") for k in labels], value)
-            yield family
-
 
 def setup(service_name: str, tracing: TracingConfig) -> tuple[Metrics, Tracing]:
     """The process's metrics and its tracer (OpenTelemetry's provider is installed once per process)."""
@@ -213,7 +229,11 @@ def setup(service_name: str, tracing: TracingConfig) -> tuple[Metrics, Tracing]:
 
 
 def prometheus_text(metrics: Metrics) -> tuple[bytes, str]:
-    """This process's metrics; with `run --workers N`, every worker's (gateway.worker_metrics)."""
-    where = worker_metrics.directory()
-    registry = metrics.registry if where is None else worker_metrics.merged_registry(metrics.registry, where)
+    """This process's metrics; with `run --workers N`, every worker's (prometheus_client's multiprocess mode)."""
+    metrics.refresh_gauges()
+    where = multiprocess_dir()
+    if where is None:
+        return generate_latest(metrics.registry), CONTENT_TYPE_LATEST
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, where)  # type: ignore[no-untyped-call]  # untyped in prometheus_client
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Mapping, Sequence
 
+from starlette.requests import Request
 from starlette.types import Message
 
 from exports_common.config_loader import validate_data
 from gateway import dispatch
 from gateway.config import GatewayConfig
 from gateway.context import Handler, RequestContext
-from gateway.request import GatewayRequest
 from gateway.response import GatewayResponse
 from gateway.runtime import Runtime, build_chain, build_runtime
 from gateway.services import Services
@@ -134,7 +134,7 @@ class PluginHarness:
         return Exchange(resp.status, dict(resp.headers), content, reached)
 
 
-def _request(method: str, target: str, headers: dict[str, str], body: bytes, client: str) -> GatewayRequest:
+def _request(method: str, target: str, headers: dict[str, str], body: bytes, client: str) -> Request:
     path, _, query = target.partition("?")
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method.upper(),
@@ -151,4 +151,4 @@ def _request(method: str, target: str, headers: dict[str, str], body: bytes, cli
         sent = True
         return {"type": "http.request", "body": body, "more_body": False}
 
-    return GatewayRequest(scope, receive)
+    return Request(scope, receive)

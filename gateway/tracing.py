@@ -5,14 +5,10 @@ and no OpenTelemetry context are built for it. A new trace gets fresh ids in a
 context variable, made into a `traceparent` only if a call leaves the gateway
 (`inject`); a cache hit never builds one.
 
-A sampled request's spans are the SDK's `ReadableSpan`s, handed straight to the
-span processor when they end (batched and exported as OTEL_BSP_* say). The SDK
-tracer's per-span machinery (sampler call, locks, bounded attribute maps, context
-attach and detach) made a sampled cache hit cost three times the hit itself, and
-the gateway needs none of it: the sampling is decided here before any span exists,
-its spans carry a few known attributes, and nothing else reads its current span.
-`server` and `client` return plain context managers, not generator-based ones:
-those cost a request about 8,000 instructions a span, recorded or not.
+Whether a request records is decided here, before any span exists (the ratio, and
+which callers' sampled flag counts); a recorded request's spans are the SDK
+tracer's, ended into the process's span processor (batched and exported as
+OTEL_BSP_* say).
 
 A client's sampled flag is obeyed only from a trusted proxy (or with the
 `parentbased_always_on` sampler): anyone else keeps their trace id, and the ratio
@@ -22,15 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import random
-import time
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from opentelemetry import propagate, trace
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, TraceIdRatioBased
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
@@ -38,7 +32,6 @@ from exports_common import otel
 from exports_common.otel import TracingConfig
 
 _SAMPLED, _NOT_SAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
-_UNSET = Status(StatusCode.UNSET)
 _LOW_64 = TraceIdRatioBased.TRACE_ID_LIMIT  # the bits of a trace id the ratio decides on
 
 
@@ -50,54 +43,29 @@ class SpanLike(Protocol):
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None: ...
 
 
-class _Span(ReadableSpan):
-    """A span being recorded, handed as it is to the span processor when it ends (the SDK's spans end the same way).
+# the trace the current request is in: the fresh trace id of an unrecorded new trace (no object built for
+# it), a caller's unrecorded context passed on as it came, or the span being recorded
+_Trace = int | SpanContext | trace.Span | None
+_current: ContextVar[_Trace] = ContextVar("gateway_trace", default=None)
+_NOT_RECORDED = contextlib.nullcontext(trace.INVALID_SPAN)  # a call out of a request that is not recorded
 
-    Entered, it is the current trace (the one calls out join); left, it ends.
-    """
 
-    # Nothing is bounded here, so nothing is dropped: the exporter reads these for every span, which the base
-    # class works out with an ABC isinstance check each (about 9,000 instructions a span together).
-    dropped_attributes = dropped_events = dropped_links = 0
+class _Recording:
+    """A recorded span while a call is made: entered, it is the current trace (the one calls out join); left, it
+    ends."""
 
-    token: Token[_Trace]  # while it is the current trace
+    __slots__ = ("span", "token")
 
-    def __init__(self, name: str, kind: SpanKind, context: SpanContext, parent: SpanContext | None,
-                 attributes: dict[str, Any], tracing: Tracing, links: Sequence[Link] = ()) -> None:
-        super().__init__(name, context, parent, tracing.resource, attributes, links=links, kind=kind,
-                         start_time=time.time_ns(), instrumentation_scope=tracing.scope)
-        self.recorded = attributes
-        self.processor = tracing.processor
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
 
-    @property
-    def attributes(self) -> Mapping[str, Any]:
-        return self.recorded  # the base class wraps a read-only view around them for every read
-
-    def set_attribute(self, key: str, value: AttributeValue) -> None:
-        self.recorded[key] = value
-
-    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        self._status = status if isinstance(status, Status) else Status(status, description)
-
-    def end(self) -> None:
-        self._end_time = time.time_ns()
-        if self.processor is not None:
-            self.processor.on_end(self)
-
-    def __enter__(self) -> _Span:
-        self.token = _current.set(self)
-        return self
+    def __enter__(self) -> trace.Span:
+        self.token: Token[_Trace] = _current.set(self.span)
+        return self.span
 
     def __exit__(self, *exc: object) -> None:
         _current.reset(self.token)
-        self.end()
-
-
-# the trace the current request is in: the fresh trace id of an unrecorded new trace (no object built for
-# it), a caller's unrecorded context passed on as it came, or the span being recorded
-_Trace = int | SpanContext | _Span | None
-_current: ContextVar[_Trace] = ContextVar("gateway_trace", default=None)
-_NOT_RECORDED = contextlib.nullcontext(trace.INVALID_SPAN)  # a call out of a request that is not recorded
+        self.span.end()
 
 
 class ServerTrace:
@@ -120,7 +88,7 @@ class ServerTrace:
 
     def __exit__(self, *exc: object) -> None:
         _current.reset(self.token)
-        if isinstance(self.current, _Span):
+        if isinstance(self.current, trace.Span):
             self.current.end()
 
 
@@ -129,8 +97,8 @@ def inject(carrier: dict[str, str]) -> None:
     current = _current.get()
     if current is None:
         return
-    if isinstance(current, _Span):
-        span_context: SpanContext = current.context
+    if isinstance(current, trace.Span):
+        span_context: SpanContext = current.get_span_context()
     elif isinstance(current, SpanContext):
         span_context = current
     else:  # a new trace not recorded: its span id is made only now, when a call leaves the gateway
@@ -154,9 +122,8 @@ class Tracing:
     def __init__(self, installed: otel.Installed, config: TracingConfig) -> None:
         self.config = config
         self.processor = installed.processor
-        self.resource = installed.provider.resource
-        self.scope = InstrumentationScope("gateway")
-        # worked out once: deciding costs an unsampled request one comparison
+        self.tracer = installed.provider.get_tracer("gateway")
+        # a new trace records when its id's low 64 bits are under this bound
         self.bound = otel.new_trace_bound(config) if self.processor is not None else 0
 
     def _client_context(self, headers: Mapping[str, str], client: tuple[str, int] | None) -> SpanContext | None:
@@ -179,23 +146,22 @@ class Tracing:
             trace_id = random.getrandbits(128) or 1
             if trace_id & _LOW_64 >= self.bound:
                 return ServerTrace(trace_id, trace.INVALID_SPAN, trace_id)
-            return self._recorded(method, route, route_name, None, trace_id)
+            return self._recorded(method, route, route_name, None)
         if self.processor is None or not parent.trace_flags.sampled:
             return ServerTrace(parent.trace_id, trace.INVALID_SPAN, parent)
-        return self._recorded(method, route, route_name, parent, None)
+        return self._recorded(method, route, route_name, parent)
 
-    def _recorded(self, method: str, route: str, route_name: str, parent: SpanContext | None,
-                  trace_id: int | None) -> ServerTrace:
+    def _recorded(self, method: str, route: str, route_name: str, parent: SpanContext | None) -> ServerTrace:
         span = self._start(f"{method} {route}", SpanKind.SERVER, parent,
-                           {"http.route": route, "gateway.route": route_name}, trace_id)
-        return ServerTrace(span.context.trace_id, span, span)
+                           {"http.route": route, "gateway.route": route_name})
+        return ServerTrace(span.get_span_context().trace_id, span, span)
 
     def client(self, name: str, attributes: Callable[[], dict[str, Any]]) -> AbstractContextManager[SpanLike]:
         """A span for a call out, under the request's when that one records (`attributes` is called only then)."""
         current = _current.get()
-        if not isinstance(current, _Span):
+        if not isinstance(current, trace.Span):
             return _NOT_RECORDED
-        return self._start(name, SpanKind.CLIENT, current.context, attributes())
+        return _Recording(self._start(name, SpanKind.CLIENT, current.get_span_context(), attributes()))
 
     @contextlib.contextmanager
     def delivery(self, name: str, stored: Mapping[str, str], attributes: dict[str, Any]) -> Iterator[SpanLike]:
@@ -213,18 +179,17 @@ class Tracing:
             finally:
                 _current.reset(token)
             return
-        with self._start(name, SpanKind.CLIENT, parent, attributes,
-                         links=(Link(parent, {"gateway.link": "queued by"}),)) as span:
+        with _Recording(self._start(name, SpanKind.CLIENT, parent, attributes,
+                                    links=(Link(parent, {"gateway.link": "queued by"}),))) as span:
             yield span
 
     def _start(self, name: str, kind: SpanKind, parent: SpanContext | None, attributes: dict[str, Any],
-               trace_id: int | None = None, links: Sequence[Link] = ()) -> _Span:
-        context = SpanContext(parent.trace_id if parent else trace_id or random.getrandbits(128) or 1,
-                              random.getrandbits(64) or 1, is_remote=False, trace_flags=_SAMPLED,
-                              trace_state=parent.trace_state if parent else None)
-        return _Span(name, kind, context, parent, attributes, self, links)
+               links: Sequence[Link] = ()) -> trace.Span:
+        """A recorded span (the decision to record was made before: the gateway's tracer samples every span)."""
+        context = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent else Context()
+        return self.tracer.start_span(name, context, kind, attributes, links)
 
 
 def setup_tracing(service_name: str, config: TracingConfig) -> Tracing:
     resolved = otel.from_environment(config)
-    return Tracing(otel.install(service_name, resolved), resolved)
+    return Tracing(otel.install(service_name, resolved, decided=ALWAYS_ON), resolved)

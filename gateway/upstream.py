@@ -1,8 +1,7 @@
 """The upstream client's interface (the gateway's hot path), its failures, and EndpointPool.
 
-The client is gateway/http_client.py, written for this gateway on httptools' parser: a
-pooled GET cost ~296,000 instructions through aiohttp's session, ~95,000 through it
-(docs/libraries.md). Failures reach the plugins as
+The client is gateway/http_client.py, written for this gateway on httptools' parser
+(why, and its figure against aiohttp: docs/libraries.md). Failures reach the plugins as
 UpstreamError with a kind the retry, breaker and outlier detection understand:
 connect_error (no connection), timeout, reset (the connection failed after it was
 made), circuit_open (a breaker refused).
@@ -20,7 +19,7 @@ if TYPE_CHECKING:  # the response module reads this one's errors
 FailureKind = Literal["connect_error", "timeout", "reset", "circuit_open"]
 
 
-class Timeouts(NamedTuple):  # a tuple: made per try, quicker to build than a frozen dataclass
+class Timeouts(NamedTuple):
     connect: float = 2.0
     read: float = 30.0
     # the monotonic time by which a try must have the head of its answer (a route's total time), if any

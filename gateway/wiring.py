@@ -17,7 +17,7 @@ from typing import AsyncIterator
 from exports_common import dev_mode, otel, periodic
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.signing import DownloadSigner
-from gateway import config_watch, policy, telemetry, worker_metrics
+from gateway import config_watch, policy, telemetry
 from gateway.breakers import Breakers
 from gateway.config import GatewayConfig
 from gateway.http_client import HttpClient
@@ -142,9 +142,9 @@ async def running(holder: RuntimeHolder) -> AsyncIterator[None]:
     gc.freeze()
     # the plugins' background work (the outbox's drainer) runs on whatever services are in force
     background = [work for plugin in registry().usable() for work in plugin.background(lambda: holder.runtime.services)]
-    # one of several workers (run --workers N): its figures published for whichever worker is scraped
-    if (where := worker_metrics.directory()) is not None:
-        background.append(worker_metrics.publish_forever(services.metrics.registry, where))
+    # one of several workers (run --workers N): its gauges written for whichever worker is scraped
+    if telemetry.multiprocess_dir() is not None:
+        background.append(services.metrics.refresh_gauges_forever())
     reloads: set[asyncio.Task[Reload]] = set()  # held until done: the loop keeps tasks weakly
 
     def on_sighup() -> None:

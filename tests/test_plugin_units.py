@@ -14,6 +14,7 @@ from typing import Any, Awaitable, Callable
 
 import pytest
 from pydantic import ValidationError
+from starlette.requests import Request
 
 from exports_common.otel import TracingConfig
 from exports_common.signing import DownloadSigner
@@ -29,7 +30,6 @@ from gateway.policy.circuit_breaker import BreakerUse, CircuitBreakerSettings
 from gateway.policy.retry import Retry, RetrySettings
 from gateway.policy.timeout import Timeout
 from gateway.proxy import Proxy
-from gateway.request import GatewayRequest
 from gateway.response import GatewayResponse
 from gateway.runtime import build_chain
 from gateway.services import Services, State
@@ -70,7 +70,7 @@ def context(method: str = "GET", body: bytes = b"", params: dict[str, str] | Non
         return {"type": "http.request", "body": body, "more_body": False}
 
     scope = {"type": "http", "method": method, "path": "/s", "headers": [], "query_string": b""}
-    return RequestContext(request=GatewayRequest(scope, receive), method=method, route_name="submit",
+    return RequestContext(request=Request(scope, receive), method=method, route_name="submit",
                           upstream="exports", upstream_path="/s", params=params or {}, request_id="r", **fields)
 
 

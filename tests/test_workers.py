@@ -7,7 +7,6 @@ shared accept queue only the running one takes from.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -118,7 +117,7 @@ def test_metrics_count_every_workers_requests_whichever_is_scraped(stack: Stack)
     with stack.only(second):
         for _ in range(2):
             assert httpx.get(missing, headers=AUTH, timeout=10).status_code == 404
-    # the other worker's figures are published once a second
+    # counted in the shared files (prometheus_client multiprocess mode), whichever worker served
     wait_until(lambda: scraped() - before == 5, 10, what="/metrics to count both workers' 5 requests")
     for worker in (first, second):
         with stack.only(worker):
@@ -164,6 +163,7 @@ def test_connection_limits_hold_in_every_worker(stack: Stack) -> None:
 
 def test_a_killed_worker_is_replaced_and_the_other_serves_meanwhile(stack: Stack) -> None:
     victim, survivor = stack.workers()
+    counted = _route_requests(httpx.get(f"{stack.gateway.url}/metrics", timeout=5).text, "status")
     os.kill(victim, signal.SIGKILL)
     wait_until(lambda: not Path(f"/proc/{victim}").exists() or "Z" in Path(f"/proc/{victim}/stat").read_text()
                .split(")")[-1].split()[0], 10, what="the killed worker to be gone")
@@ -179,6 +179,8 @@ def test_a_killed_worker_is_replaced_and_the_other_serves_meanwhile(stack: Stack
     replacement = wait_until(newcomer, 15, what="a new worker in place of the killed one")
     with stack.only(replacement):
         wait_until(lambda: stack.pid_serving() == replacement, 15, what="the new worker to serve")
+        # the killed worker's counts stay in the totals, whichever worker is scraped
+        assert _route_requests(httpx.get(f"{stack.gateway.url}/metrics", timeout=5).text, "status") >= counted
 
 
 def test_workers_without_redis_are_refused_with_what_to_set(tmp_path: Path) -> None:
@@ -190,30 +192,64 @@ def test_workers_without_redis_are_refused_with_what_to_set(tmp_path: Path) -> N
     assert "needs redis_url (REDIS_URL)" in run.stderr
 
 
-def test_merged_metrics_keep_a_dead_workers_counts_but_not_its_gauges(tmp_path: Path) -> None:
-    from prometheus_client import generate_latest
-    from prometheus_client.parser import text_string_to_metric_families
+def _run_two_workers(tmp_path: Path, metrics_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`run --workers 2` with PROMETHEUS_MULTIPROC_DIR set (on an unreachable Redis: it must stop before serving)."""
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(gateway_config(tmp_path, "http://127.0.0.1:9", "redis://127.0.0.1:9",
+                                                  gateway_processes=2)))
+    return subprocess.run([sys.executable, "-m", "gateway", "run", "--config", str(path), "--workers", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=30,
+                          env=os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
 
-    from gateway import worker_metrics
-    from gateway.telemetry import Metrics
+
+def test_a_metrics_dir_that_is_a_file_is_refused_with_what_to_set(tmp_path: Path) -> None:
+    existing = tmp_path / "a-file"
+    existing.write_text("kept")
+    run = _run_two_workers(tmp_path, existing)
+    assert run.returncode == 2
+    assert "PROMETHEUS_MULTIPROC_DIR" in run.stderr and "is not a directory" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert existing.read_text() == "kept"
+
+
+def test_a_metrics_dir_that_is_a_symlink_is_refused_and_its_target_left_alone(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "counter_1.db").write_text("not the gateway's")
+    link = tmp_path / "metrics"
+    link.symlink_to(target)
+    run = _run_two_workers(tmp_path, link)
+    assert run.returncode == 2
+    assert "is a symbolic link" in run.stderr and "Traceback" not in run.stderr
+    assert (target / "counter_1.db").read_text() == "not the gateway's"
+
+
+def test_a_given_metrics_dir_loses_only_the_files_of_gone_processes(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from exports_common.workers import prepare_metrics_dir
 
     dead = subprocess.Popen(["true"])
     dead.wait()  # reaped: its pid names no process now
-    own = Metrics()
-    own.config_reloads.add("applied")
-    own.observe_gauge("gateway_retries_in_flight", "d", lambda: [(1.0, {"upstream": "exports"})])
-    own.observe_gauge("gateway_breaker_state", "d", lambda: [(0.0, {"upstream": "exports"})])
-    snapshot = [["gateway_config_reloads", "counter", "d",
-                 [["gateway_config_reloads_total", {"outcome": "applied"}, 2]]],
-                ["gateway_breaker_state", "gauge", "d", [["gateway_breaker_state", {"upstream": "exports"}, 2]]]]
-    (tmp_path / f"{dead.pid}.json").write_text(json.dumps(snapshot))
-    sibling = [["gateway_retries_in_flight", "gauge", "d", [["gateway_retries_in_flight", {"upstream": "exports"}, 2]]],
-               ["gateway_breaker_state", "gauge", "d", [["gateway_breaker_state", {"upstream": "exports"}, 1]]]]
-    (tmp_path / f"{os.getppid()}.json").write_text(json.dumps(sibling))  # a live process stands in for a worker
+    where = tmp_path / "metrics"
+    (where / "nested").mkdir(parents=True)
+    stale = [where / f"counter_{dead.pid}.db", where / f"gauge_livemax_{dead.pid}.db"]
+    kept = [where / f"counter_{os.getpid()}.db",  # a live process's (another run sharing the directory)
+            where / "notes.txt", where / "counter.db", where / "nested" / f"counter_{dead.pid}.db"]
+    for path in stale + kept:
+        path.write_text("x")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(where))
+    assert prepare_metrics_dir("gateway") == (where, False)
+    assert [p.exists() for p in stale] == [False, False]
+    assert all(p.exists() for p in kept)
 
-    text = generate_latest(worker_metrics.merged_registry(own.registry, tmp_path)).decode()
-    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.labels.get("outcome", "applied") == "applied" and s.labels.get("upstream", "exports") == "exports"}
-    assert samples["gateway_config_reloads_total"] == 3  # 1 here + 2 of the dead worker: a total never goes down
-    assert samples["gateway_breaker_state"] == 1  # the worst of the live workers; the dead one's 2 is gone
-    assert samples["gateway_retries_in_flight"] == 3  # summed
+
+def test_without_a_metrics_dir_a_private_one_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from exports_common.workers import prepare_metrics_dir
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    where, made = prepare_metrics_dir("gateway")
+    try:
+        assert made and where.is_dir() and not any(where.iterdir())
+        assert where.stat().st_mode & 0o777 == 0o700
+    finally:
+        where.rmdir()

@@ -143,7 +143,7 @@ async def _write(store: KeyValue, key: str, expected: bytes | None, value: bytes
 
 
 def _store(services: Services) -> KeyValue:
-    # a key must outlive a restart (its task may exist); the table keeps the name it had before stores were named
+    # a key must outlive a restart (its task may exist): durable, in its own table
     return services.state.kv("idem", durable=True, table="idempotency")
 
 

@@ -94,7 +94,7 @@ def observe(services: Services) -> None:
     budgets = _budgets(services).by_upstream
     services.metrics.observe_gauge(
         "gateway_retries_in_flight", "retries in flight, by upstream (the budget caps them)",
-        lambda: [(b.retries_in_flight, {"upstream": name}) for name, b in budgets.items()])
+        lambda: [(b.retries_in_flight, {"upstream": name}) for name, b in budgets.items()], merge="sum")
 
 
 def stats(services: Services) -> dict[str, Any]:

@@ -121,7 +121,8 @@ class Events(PluginBase[EventsSettings]):
     def observe(cls, services: Services) -> None:
         hubs = _hubs(services)
         services.metrics.observe_gauge("gateway_event_streams_open", "event streams open now, by route",
-                                       lambda: [(float(n), {"route": r}) for r, n in hubs.open_by_route.items()])
+                                       lambda: [(float(n), {"route": r}) for r, n in hubs.open_by_route.items()],
+                                       merge="sum")
 
     @classmethod
     async def stats(cls, services: Services) -> dict[str, Any]:

@@ -95,7 +95,7 @@ class Outbox(PluginBase[OutboxSettings]):
     def observe(cls, services: Services) -> None:
         metrics = services.metrics
         metrics.observe_gauge("gateway_outbox_depth", "submissions waiting in the outbox for their upstream",
-                              lambda: [(metrics.async_values.get("outbox_depth", 0.0), {})])
+                              lambda: [(metrics.async_values.get("outbox_depth", 0.0), {})], merge="latest")
 
     @classmethod
     async def before_scrape(cls, services: Services) -> None:
