@@ -39,7 +39,7 @@ FormatName = Annotated[str, Field(pattern=f"^{FORMAT_PATTERN.pattern}$", descrip
     "an output format the export type offers (GET /api/v1/export-types lists them)"))]
 # the media types a result file is served with: one per format the backends write, and gzip for a
 # compressed file (served as is, without Content-Encoding)
-RESULT_MEDIA_TYPES = ("text/csv", "application/x-ndjson", "application/gzip")
+RESULT_MEDIA_TYPES = ("text/csv", "application/x-ndjson", "application/vnd.apache.parquet", "application/gzip")
 
 
 class DeliveryState(StrEnum):
