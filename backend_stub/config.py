@@ -196,6 +196,11 @@ class SchedulerConfig(Strict):
         default_factory=dict, description="tenant -> its own running cap")
 
 
+# what a reload of the file applies; every other change waits for a restart (and a reload says which)
+RELOADED = frozenset({"export_types"})
+RELOADED_CALLBACKS = frozenset({"allow_hosts", "allow_networks"})
+
+
 class BackendConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8081, ge=0, le=65535)
@@ -239,6 +244,17 @@ class BackendConfig(Strict):
             return []
         return [f"export_types {', '.join(flat)}: dataset, rows and seed at the type's top level is the old flat "
                 f"shape; write them as source: {{kind: synthetic, dataset: ..., rows: ..., seed: ...}}"]
+
+    def restart_required(self, running: BackendConfig) -> list[str]:
+        """The settings that differ from `running` and that a reload does not apply (it applies export_types
+        and callbacks.allow_hosts / allow_networks)."""
+        changed = [name for name in type(self).model_fields
+                   if name not in RELOADED and getattr(self, name) != getattr(running, name)]
+        if "callbacks" in changed:
+            changed.remove("callbacks")
+            changed += [f"callbacks.{name}" for name in CallbackConfig.model_fields if name not in RELOADED_CALLBACKS
+                        and getattr(self.callbacks, name) != getattr(running.callbacks, name)]
+        return changed
 
     def unsafe_defaults(self) -> list[str]:
         """What makes this config unfit outside dev mode, each with what to set instead."""
