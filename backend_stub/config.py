@@ -59,8 +59,11 @@ class CallbackConfig(Strict):
         "again after this. Longer than timeout_sec; default timeout_sec + 20"))
     secrets: dict[str, list[str]] = Field(default_factory=dict, description="tenant -> whsec_ secrets; all sign")
     default_secrets: list[str] = Field(default_factory=list, description="for tenants without their own")
-    allow_hosts: list[str] = Field(default_factory=list, description="non-public hosts that may be called")
-    allow_networks: list[str] = Field(default_factory=list, description="non-public CIDRs that may be called")
+    allow_hosts: list[str] = Field(default_factory=list, description=(
+        "non-public hosts that may be called; the gateways learn the list from /export-types and judge callback "
+        "URLs with it, and a reload applies a change"))
+    allow_networks: list[str] = Field(default_factory=list, description=(
+        "non-public CIDRs that may be called (learned by the gateways like allow_hosts)"))
 
     @field_validator("secrets", "default_secrets")
     @classmethod
