@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel
 
 from backend_stub.config import BackendConfig
+from backend_stub.sources.synthetic import SyntheticSource
 from exports_common.config_loader import ConfigError, interpolate, load_model
 from gateway.config import GatewayConfig
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
@@ -153,6 +154,7 @@ def test_the_old_flat_shape_of_an_export_type_loads_as_a_synthetic_source_with_o
                     "  b: {dataset: report}\n  c: {source: {kind: synthetic, dataset: users}}\n")
     config = load_model(path, BackendConfig)
     a = config.export_types["a"]
+    assert isinstance(a.source, SyntheticSource) and isinstance(config.export_types["b"].source, SyntheticSource)
     assert (a.source.kind, a.source.dataset, a.source.rows, a.source.seed, a.max_attempts) == (
         "synthetic", "orders", 10, 3, 2)
     assert config.export_types["b"].source.rows == 100_000

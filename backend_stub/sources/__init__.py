@@ -12,8 +12,9 @@ from typing import Annotated, Union
 from pydantic import Field
 
 from backend_stub.sources.base import API_VERSION, Batch, RowSource, Source, SourceContext, SourceKind
+from backend_stub.sources.python import PythonSource
 from backend_stub.sources.synthetic import SyntheticSource
 
-SourceConfig = Annotated[Union[SyntheticSource], Field(discriminator="kind")]  # noqa: UP007 - one kind today
+SourceConfig = Annotated[Union[SyntheticSource, PythonSource], Field(discriminator="kind")]  # noqa: UP007
 
 __all__ = ["API_VERSION", "Batch", "RowSource", "Source", "SourceConfig", "SourceContext", "SourceKind"]
