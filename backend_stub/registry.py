@@ -105,6 +105,7 @@ class Registry:
         self._started_file = self._file() or config
         self._parsed: dict[str, ExportTypeConfig] = {}  # digest -> the definition as a model, for attempts
         self._listeners: list[Callable[[Snapshot], None]] = []
+        self._recorded: set[str] = set()  # digests this process stored
 
     def _file(self) -> BackendConfig | None:
         try:
@@ -119,7 +120,9 @@ class Registry:
     async def record(self, export_type: str) -> str:
         """Store the type's definition in force under its digest (before a task names it) and return the digest."""
         digest = self.current.digests[export_type]
-        await self.store.put_type_definition(digest, canonical(self.current.definitions[export_type]))
+        if digest not in self._recorded:  # kept for good once stored: one write per definition and process
+            await self.store.put_type_definition(digest, canonical(self.current.definitions[export_type]))
+            self._recorded.add(digest)
         return digest
 
     async def definition(self, export_type: str, digest: str) -> ExportTypeConfig | None:

@@ -23,7 +23,8 @@ from typing import Any
 
 from exports_common.netpolicy import AddressPolicy
 from exports_common.periodic import periodic
-from gateway.services import Services
+from gateway.response import GatewayResponse
+from gateway.services import Services, Upstream
 from gateway.upstream import Timeouts, UpstreamError
 
 log = logging.getLogger("gateway.type_registry")
@@ -92,11 +93,7 @@ class UpstreamRegistry:
         headers = [("if-none-match", self.learned.etag)] if self.learned and self.learned.etag else []
         # a registry read waits at most a few seconds, whatever the upstream's own read timeout
         timeouts = Timeouts(connect=min(upstream.timeouts.connect, 2.0), read=min(upstream.timeouts.read, 5.0))
-        try:
-            resp = await services.client.request("GET", upstream.url + REGISTRY_PATH, headers, None, timeouts)
-            body = await resp.read()
-        except UpstreamError as exc:
-            raise RegistryUnreadable(f"{self.upstream}: {exc}") from exc
+        resp, body = await self._read(services, upstream, headers, timeouts)
         if resp.status == 304:
             return
         if resp.status != 200:
@@ -108,6 +105,22 @@ class UpstreamRegistry:
         if self.learned is None or learned.formats != self.learned.formats:
             log.info("export types learned", extra={"upstream": self.upstream, "types": sorted(learned.formats)})
         self.learned = learned
+
+
+    async def _read(self, services: Services, upstream: Upstream, headers: list[tuple[str, str]],
+                    timeouts: Timeouts) -> tuple[GatewayResponse, bytes]:
+        """The first endpoint that answers, healthy ones first (in their order: a registry read never moves the
+        round robin that proxied calls take turns by)."""
+        now = upstream.pool.clock()
+        endpoints = sorted(upstream.pool.endpoints, key=lambda e: e.ejected_until > now)
+        failed: UpstreamError | None = None
+        for endpoint in endpoints:
+            try:
+                resp = await services.client.request("GET", endpoint.url + REGISTRY_PATH, headers, None, timeouts)
+                return resp, await resp.read()
+            except UpstreamError as exc:
+                failed = exc
+        raise RegistryUnreadable(f"{self.upstream}: {failed}")
 
 
 class Registries:
