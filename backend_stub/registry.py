@@ -153,11 +153,13 @@ class Registry:
             config = load_model(self.path, BackendConfig)
         except ConfigError as exc:
             log.error("config reload refused; the export types in force keep serving", extra={"problems": exc.problems})
+            metrics.config_reloads.labels("refused").inc()
             return exc.problems
         unsafe = [] if dev_mode.dev_mode() else config.unsafe_defaults()
         if unsafe:
             log.error("config reload refused outside dev mode; the export types in force keep serving",
                       extra={"problems": unsafe})
+            metrics.config_reloads.labels("refused").inc()
             return unsafe
         snapshot = Snapshot.of(config, self.path)
         restart = config.restart_required(self._started_file)
@@ -174,6 +176,7 @@ class Registry:
                          and snapshot.digests[n] != self.current.digests[n])
         self.current = snapshot
         metrics.seed(snapshot.types, self.config.workers)
+        metrics.config_reloads.labels("applied").inc()
         for listener in self._listeners:
             listener(snapshot)
         log.info("export types reloaded", extra={"added": added, "removed": removed, "changed": changed,

@@ -58,6 +58,7 @@ def test_a_broken_type_is_refused_with_its_line_and_the_registry_in_force_keeps_
     refusal = next(line for line in backend.log().splitlines() if "config reload refused" in line)
     assert "export_types.broken" in refusal and "(line " in refusal and "nope" in refusal, refusal
     assert listed(backend) == before  # nothing of the broken file applied, not even its valid type
+    assert 'backend_config_reloads_total{outcome="refused"} 1.0' in httpx.get(f"{backend.url}/metrics").text
     assert_envelope_error(backend_create(backend.url, {"export_type": "added_too"}), 422, 42200)
     created = backend_create(backend.url, {"export_type": "orders_small"})
     assert created.status_code == 201 and rows_of(backend, created.json()["data"]["task_id"]) == 1000
