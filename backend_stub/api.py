@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+import mimetypes
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,7 +17,7 @@ from backend_stub.byte_range import requested_range
 from backend_stub.compression import MEDIA_TYPES
 from backend_stub.config import BackendConfig
 from backend_stub.files import ResultFiles
-from backend_stub.formats import FORMATS
+from backend_stub.formats import FORMATS, RAW
 from backend_stub.http_fault import RequestCounter
 from backend_stub.models import Task
 from backend_stub.registry import Registry, etag_of
@@ -195,7 +196,7 @@ class BackendApi:
             if location is not None:  # the URL is a credential: no cache may keep it
                 return Response(status_code=307, headers={"Location": location, "Cache-Control": "no-store"})
         size = int(task.result["bytes"])
-        headers = {"Accept-Ranges": "bytes", "Content-Disposition": f'attachment; filename="{key}"'}
+        headers = {"Accept-Ranges": "bytes", "Content-Disposition": f'attachment; filename="{_file_name(task)}"'}
         media = _media_type(task)
         span = requested_range(request.headers.get("range"), size)
         first, last = span or (0, size - 1)
@@ -232,8 +233,18 @@ class BackendApi:
 def _media_type(task: Task) -> str:
     if task.compression:
         return MEDIA_TYPES[task.compression]
+    if task.format == RAW:
+        return str((task.result or {}).get("media_type") or "application/octet-stream")
     written = FORMATS.get(task.format)
     return written.media_type if written is not None else "application/octet-stream"
+
+
+def _file_name(task: Task) -> str:
+    """What a download is saved as: the stored name, or for a raw result the task id with the extension its
+    media type implies (none when it implies none)."""
+    if task.format != RAW or task.compression:
+        return task.result_key
+    return task.task_id + (mimetypes.guess_extension(_media_type(task).split(";", 1)[0].strip()) or "")
 
 
 def _expired(task: Task) -> bool:

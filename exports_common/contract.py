@@ -160,3 +160,18 @@ def link_params(params: list[tuple[str, str]]) -> tuple[int | None, str | None]:
     expires, sig = found.get("expires", []), found.get("sig", [])
     ok_expires = len(expires) == 1 and _EXPIRES.fullmatch(expires[0]) is not None
     return (int(expires[0]) if ok_expires else None), (sig[0] if len(sig) == 1 else None)
+
+
+# `error.code` of a FAILED or TIMEOUT task, with what it means (docs/reference/errors.md is generated from it)
+TASK_ERROR_CODES: dict[str, str] = {
+    "TASK_TIMEOUT": "the task ran past its timeout; retryable (a re-run may be asked for)",
+    "EXPORT_FAILED": "transient failures used all of the type's `max_attempts`; not retryable",
+    "EXPORT_TOO_LARGE": "past the type's `max_rows` or `max_bytes`; not retryable",
+    "SOURCE_ERROR": "the source yielded a row that does not match its columns, or a Python source failed (the "
+                    "message names it and the exception's type); not retryable",
+    "TYPE_DEFINITION_MISSING": "the definition of the export type the task was created under can no longer be "
+                               "read (or no longer loads); not retryable: submit it again",
+    "FORMAT_UNAVAILABLE": "the backend no longer writes the task's format; not retryable",
+    "EXPORT_ERROR": "the export stopped on an unexpected error",
+    "WORKER_LOST": "the worker running the task died on its last allowed attempt",
+}
