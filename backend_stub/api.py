@@ -1,6 +1,7 @@
 """The backend's HTTP API, as the gateway calls it (plain and exact; no public-edge concerns)."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import mimetypes
@@ -196,9 +197,14 @@ class BackendApi:
             if location is not None:  # the URL is a credential: no cache may keep it
                 return Response(status_code=307, headers={"Location": location, "Cache-Control": "no-store"})
         size = int(task.result["bytes"])
-        headers = {"Accept-Ranges": "bytes", "Content-Disposition": f'attachment; filename="{_file_name(task)}"'}
+        etag = _etag(task.task_id, task.attempt, key, size)
+        headers = {"Accept-Ranges": "bytes", "Content-Disposition": f'attachment; filename="{_file_name(task)}"',
+                   "ETag": etag}
         media = _media_type(task)
-        span = requested_range(request.headers.get("range"), size)
+        # a resume names the file it began (If-Range): another file, or a date (no Last-Modified is sent), gets it
+        # whole (RFC 9110 13.1.5), so a client never appends one file's end to another's start
+        if_range = request.headers.get("if-range")
+        span = requested_range(request.headers.get("range"), size) if if_range in (None, etag) else None
         first, last = span or (0, size - 1)
         headers["Content-Length"] = str(last - first + 1)
         if span is not None:
@@ -254,3 +260,8 @@ def _expired(task: Task) -> bool:
 async def _nothing() -> AsyncIterator[bytes]:
     return
     yield b""
+
+
+def _etag(task_id: str, attempt: int, key: str, size: int) -> str:
+    """A strong validator of a task's result file: another attempt's file, or another object, has another."""
+    return '"' + hashlib.sha256(f"{task_id}:{attempt}:{key}:{size}".encode()).hexdigest()[:32] + '"'

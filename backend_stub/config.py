@@ -261,6 +261,8 @@ class BackendConfig(Strict):
     max_body_bytes: int = Field(65_536, ge=1024)
     max_header_bytes: int = Field(16_384, ge=1024, le=65536, description="larger request headers get 431")
     connection_limits: ConnectionLimits = Field(default_factory=ConnectionLimits)
+    shutdown_timeout_sec: int = Field(30, ge=1, le=3600, description="on SIGTERM, open requests get at most "
+                                        "this long to finish")
     max_filters_bytes: int = Field(8_192, ge=64)
     http_fault: HttpFaultConfig = Field(default_factory=HttpFaultConfig)
     callbacks: CallbackConfig = Field(default_factory=CallbackConfig)

@@ -244,13 +244,15 @@ def download(ctx: Context, task_id_or_task: str | Task, dest: core.Dest, resume:
     """Stream the result into `dest`, resuming with Range after a cut; a refused link is fetched afresh."""
     current = (yield from get(ctx, task_id_or_task)) if isinstance(task_id_or_task, str) else task_id_or_task
     url, expected = core.link(ctx.base_url, current)
-    sink = core.Sink(dest, resume)
+    sink = core.Sink(dest, resume, current.task_id)
     try:
         for attempt in range(1, attempts + 1):
             if sink.written >= expected:
                 break
             try:
                 resp = yield from _fetch(ctx, url, sink)
+            except core.FileChanged:  # the sink started over: the next try fetches the file whole
+                continue
             except core.TRANSPORT_ERRORS as exc:
                 if attempt == attempts:  # named without its query: the signature is a credential
                     raise core.unreachable(url.split("?", 1)[0], exc) from exc

@@ -32,6 +32,7 @@ class Served(Protocol):
     log_level: str
     max_header_bytes: int
     connection_limits: ConnectionLimits
+    shutdown_timeout_sec: int
 
     def unsafe_defaults(self) -> list[str]: ...
 
@@ -146,7 +147,8 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
     # not uvicorn's, which believes any from loopback
     server = uvicorn.Config(make_app(config, path), host=served.host, port=served.port, log_config=None,
                             access_log=False, lifespan="on", http=bounded_http(limits, served.max_header_bytes),
-                            proxy_headers=False, timeout_keep_alive=limits.keep_alive_sec)
+                            proxy_headers=False, timeout_keep_alive=limits.keep_alive_sec,
+                            timeout_graceful_shutdown=served.shutdown_timeout_sec)
     if workers == 1:
         os.environ.pop(METRICS_DIR_ENV, None)  # one process answers for itself: no other run's files merged in
         single = shutdown.Server(server)

@@ -174,4 +174,8 @@ TASK_ERROR_CODES: dict[str, str] = {
     "FORMAT_UNAVAILABLE": "the backend no longer writes the task's format; not retryable",
     "EXPORT_ERROR": "the export stopped on an unexpected error",
     "WORKER_LOST": "the worker running the task died on its last allowed attempt",
+    "SUBMIT_REFUSED_<code>": "a submit the gateway held in its outbox while the backend was down was then refused by "
+                             "the backend for good; `<code>` is the backend's error code (e.g. "
+                             "`SUBMIT_REFUSED_42200`) and the message carries its message; not retryable: submit "
+                             "again as the message says",
 }

@@ -85,10 +85,16 @@ DETAILS: dict[ErrorKind, str] = {
     ErrorKind.TOO_MANY_STREAMS: "the tenant has `max_open_streams` event streams open (over every gateway with "
                                 "Redis); `RateLimit-Policy: \"streams\";q=<cap>` comes with it",
     ErrorKind.INTERNAL: "a bug; nothing was applied (never caused by client input)",
-    ErrorKind.UPSTREAM_UNREACHABLE: "the upstream refused or reset the connection",
+    ErrorKind.UPSTREAM_UNREACHABLE: "the upstream refused or reset the connection, or answered what the gateway "
+                                    "will not pass on: `data.reason: answer_too_large` for an answer read whole past "
+                                    "the route's `max_answer_bytes`, a transfer coding other than `chunked`",
     ErrorKind.UNAVAILABLE: "upstream breaker open, nothing known to degrade to, shared state (Redis) unreachable "
                            "(`data.reason: store_unavailable`), or not ready",
-    ErrorKind.UPSTREAM_TIMEOUT: "the upstream did not answer within the timeouts",
+    ErrorKind.UPSTREAM_TIMEOUT: "the upstream did not answer within the timeouts (an answer read whole counts to "
+                                "its last byte), or the request had no answer within its route's "
+                                "`first_byte_timeout_sec` (`data.reason: deadline`)",
+    ErrorKind.BAD_RANGE: "a range whose last byte comes before its first (`bytes=5-1`) is invalid and ignored "
+                         "instead: the whole file, 200 (RFC 9110)",
 }
 
 # codes no longer answered, never to be given another meaning: code -> (name, HTTP status, why)
