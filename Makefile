@@ -4,10 +4,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TEST_WORKERS ?= 4
 
-# the example plugin is installed as its own package, as a backend team's would be: the tests use it
-$(STAMP): pyproject.toml examples/tenant_allowlist/pyproject.toml
+# the example plugin and source are installed as packages of their own, as a backend team's would be: the
+# tests use them
+$(STAMP): pyproject.toml examples/tenant_allowlist/pyproject.toml examples/jsonl_events/pyproject.toml
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]' -e examples/tenant_allowlist
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]' -e examples/tenant_allowlist \
+		-e examples/jsonl_events
 	touch $(STAMP)
 
 .PHONY: install run test test-fast check dist bench cluster docs reference

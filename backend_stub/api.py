@@ -21,6 +21,7 @@ from backend_stub.files import ResultFiles
 from backend_stub.formats import FORMATS, RAW
 from backend_stub.http_fault import RequestCounter
 from backend_stub.models import Task
+from backend_stub.registry import Registry, etag_of
 from backend_stub.result_store import (
     ObjectMissing,
     ResultStore,
@@ -28,9 +29,9 @@ from backend_stub.result_store import (
 )
 from backend_stub.store import TaskStore
 from backend_stub.submission import parse_active_quota, parse_rerun, parse_submission
-from backend_stub.type_view import estimated_sec, public_type
+from backend_stub.type_view import estimated_sec
 from exports_common.contract import DeliveryState, Status
-from exports_common.envelope import ok
+from exports_common.envelope import ok, ok_body
 from exports_common.errors import ApiError, ErrorKind, unavailable, validation_error
 from exports_common.json_body import parse_json, read_limited
 from exports_common.list_query import PARAMS, check_list_query
@@ -41,9 +42,10 @@ log = logging.getLogger("backend.api")
 
 
 class BackendApi:
-    def __init__(self, config: BackendConfig, store: TaskStore, files: ResultFiles, results: ResultStore,
-                 counter: RequestCounter) -> None:
+    def __init__(self, config: BackendConfig, registry: Registry, store: TaskStore, files: ResultFiles,
+                 results: ResultStore, counter: RequestCounter) -> None:
         self.config = config
+        self.registry = registry
         self.store = store
         self.files = files
         self.results = results
@@ -66,14 +68,21 @@ class BackendApi:
                    "requests": self.counter.requests})
 
     async def export_types(self, request: Request) -> Response:
-        return ok({"items": [public_type(name, spec) for name, spec in self.config.export_types.items()]})
+        """The registry in force, with an ETag; a request without a tenant (the gateway's own) also gets the
+        callback allow-list."""
+        body = ok_body(self.registry.current.answer(for_gateway="x-tenant-id" not in request.headers))
+        etag = etag_of(body)
+        headers = {"ETag": etag, "Cache-Control": "no-cache", "Vary": "X-Tenant-Id"}
+        if etag in (tag.strip() for tag in request.headers.get("if-none-match", "").split(",")):
+            return Response(status_code=304, headers=headers)
+        return Response(body, headers=headers, media_type="application/json")
 
     async def _json(self, request: Request) -> Any:
         body = await read_limited(request.stream(), self.config.max_body_bytes, request.headers.get("content-length"))
         return parse_json(body, request.headers.get("content-type"))
 
     def _estimate_sec(self, export_type: str) -> int | None:
-        spec = self.config.export_types.get(export_type)
+        spec = self.registry.current.types.get(export_type)
         return estimated_sec(spec) if spec is not None else None
 
     async def create(self, request: Request) -> Response:
@@ -83,14 +92,16 @@ class BackendApi:
         tenant = request.headers.get("x-tenant-id", "")
         if not tenant or len(tenant) > 128:
             raise validation_error("X-Tenant-Id", "header must name the tenant (1 to 128 characters)")
-        submission = parse_submission(await self._json(request), self.config)
+        types = self.registry.current.types
+        submission = parse_submission(await self._json(request), self.config, types)
         quota = parse_active_quota(request.headers.get("x-tenant-max-active-tasks"))
         await self._check_active_quota(tenant, task_id, quota)
         now = time.time()
         task = Task(
             task_id=task_id, tenant=tenant, export_type=submission.export_type, filters=submission.filters,
             format=submission.format, timeout_sec=submission.timeout_sec, callback_url=submission.callback_url,
-            compression=self.config.export_types[submission.export_type].compression,
+            compression=types[submission.export_type].compression,
+            type_digest=await self.registry.record(submission.export_type),
             fingerprint=submission.fingerprint(tenant), created_at=now, updated_at=now,
             callback=None if submission.callback_url is None else {"state": DeliveryState.PENDING, "attempts": 0,
                                                                    "last_error": None},
@@ -143,7 +154,8 @@ class BackendApi:
 
     async def retry(self, request: Request) -> Response:
         task = await self._visible(request)
-        expected, overrides = parse_rerun(await self._json(request), self.config, task.export_type)
+        spec = await self.registry.definition(task.export_type, task.type_digest)
+        expected, overrides = parse_rerun(await self._json(request), self.config, task.export_type, spec)
         overrides["extra"] = dict(task.extra, **tracing.extra(request.headers.get("traceparent"), "rerun_traceparent"))
         updated, changed = await self.store.update(task.task_id, lifecycle.rerun(expected, overrides), enqueue=True)
         if updated is None:

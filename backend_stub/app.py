@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import AsyncIterator
 
 from redis.exceptions import RedisError
@@ -20,31 +21,43 @@ from backend_stub.config import BackendConfig
 from backend_stub.disk_space import DiskSpace
 from backend_stub.files import ResultFiles
 from backend_stub.http_fault import HttpFault, RequestCounter
+from backend_stub.registry import Registry
 from backend_stub.result_store import open_result_store
 from backend_stub.store import open_store
 from backend_stub.worker import Workers
-from exports_common import otel
+from exports_common import config_watch, otel
 from exports_common.envelope import error_response, exception_handlers, ok
 from exports_common.errors import unavailable
 from exports_common.periodic import running
 from exports_common.redis_client import store_unavailable
 
 
-def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
+def create_app(config: BackendConfig, config_path: str | None = None) -> tracing.TracingMiddleware:
+    """The app; with `config_path`, its export types and callback allow-list follow that file (reload)."""
     tracing.setup(config.tracing)
     store = open_store(config)
+    registry = Registry(config, config_path, store)
     files = ResultFiles(config.data_dir)
     results = open_result_store(config.result_store, config.data_dir, config.download_redirect.public_endpoint)
     disk = DiskSpace(config.data_dir, config.min_free_bytes)
-    workers = Workers(config, store, files, results, disk)
+    workers = Workers(config, registry, store, files, results, disk)
     sender = CallbackSender(config, store)
+    registry.on_change(sender.apply)
+
+    async def watch_config() -> None:
+        if config_path:
+            async for _ in config_watch.changes(config_path):
+                registry.reload()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await store.open()
         await workers.start()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, registry.reload)
         try:
-            async with running(janitor.run(store, results, config.sweep_interval_sec), sender.run()):
+            async with running(janitor.run(store, results, config.sweep_interval_sec), sender.run(),
+                               watch_config()):
                 yield
         finally:
             await workers.stop()
@@ -68,7 +81,7 @@ def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
         return error_response(store_unavailable(exc))
 
     counter = RequestCounter()
-    api = BackendApi(config, store, files, results, counter)
+    api = BackendApi(config, registry, store, files, results, counter)
     metrics.seed(config.export_types, config.workers)
     routes = [*api.routes(), *AdminApi(store).routes(), Route("/metrics", metrics.endpoint(store), methods=["GET"]),
               Route("/readyz", readyz, methods=["GET"])]

@@ -34,6 +34,7 @@ import aiohttp
 from backend_stub import lifecycle, metrics, tracing
 from backend_stub.config import BackendConfig
 from backend_stub.models import Task
+from backend_stub.registry import Snapshot
 from backend_stub.store import TaskStore, store_down
 from exports_common import webhooks
 from exports_common.contract import signed_link
@@ -56,6 +57,7 @@ class CallbackSender:
         self.signer = DownloadSigner(config.download_links.secrets)
         self.store = store
         self.policy = AddressPolicy.from_lists(self.config.allow_hosts, self.config.allow_networks)
+        self._resolver = PinnedResolver(self.policy)
         self.share = self.config.per_tenant_concurrency or max(1, self.config.concurrency // 2)
         self._in_flight: dict[str, str] = {}  # task id -> tenant
         self._tenant_of: dict[str, str] = {}  # due task id -> tenant, kept while the task stays due
@@ -67,8 +69,12 @@ class CallbackSender:
         # whose claims these are: unique per process start, so a restarted backend does not pass for its old self
         self.holder = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
+    def apply(self, registry: Snapshot) -> None:
+        """A reloaded allow-list: every later try is judged by it (its check and the pinned resolver's)."""
+        self.policy = self._resolver.policy = registry.callback_policy
+
     async def run(self) -> None:
-        connector = aiohttp.TCPConnector(resolver=PinnedResolver(self.policy), use_dns_cache=False,
+        connector = aiohttp.TCPConnector(resolver=self._resolver, use_dns_cache=False,
                                          limit=self.config.concurrency)
         self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
         try:

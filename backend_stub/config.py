@@ -61,8 +61,11 @@ class CallbackConfig(Strict):
         "again after this. Longer than timeout_sec; default timeout_sec + 20"))
     secrets: dict[str, list[str]] = Field(default_factory=dict, description="tenant -> whsec_ secrets; all sign")
     default_secrets: list[str] = Field(default_factory=list, description="for tenants without their own")
-    allow_hosts: list[str] = Field(default_factory=list, description="non-public hosts that may be called")
-    allow_networks: list[str] = Field(default_factory=list, description="non-public CIDRs that may be called")
+    allow_hosts: list[str] = Field(default_factory=list, description=(
+        "non-public hosts that may be called; the gateways learn the list from /export-types and judge callback "
+        "URLs with it, and a reload applies a change"))
+    allow_networks: list[str] = Field(default_factory=list, description=(
+        "non-public CIDRs that may be called (learned by the gateways like allow_hosts)"))
 
     @field_validator("secrets", "default_secrets")
     @classmethod
@@ -225,6 +228,11 @@ class SchedulerConfig(Strict):
         default_factory=dict, description="tenant -> its own running cap")
 
 
+# what a reload of the file applies; every other change waits for a restart (and a reload says which)
+RELOADED = frozenset({"export_types"})
+RELOADED_CALLBACKS = frozenset({"allow_hosts", "allow_networks"})
+
+
 class BackendConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8081, ge=0, le=65535)
@@ -273,6 +281,17 @@ class BackendConfig(Strict):
             return warnings
         return [f"export_types {', '.join(flat)}: dataset, rows and seed at the type's top level is the old flat "
                 f"shape; write them as source: {{kind: synthetic, dataset: ..., rows: ..., seed: ...}}", *warnings]
+
+    def restart_required(self, running: BackendConfig) -> list[str]:
+        """The settings that differ from `running` and that a reload does not apply (it applies export_types
+        and callbacks.allow_hosts / allow_networks)."""
+        changed = [name for name in type(self).model_fields
+                   if name not in RELOADED and getattr(self, name) != getattr(running, name)]
+        if "callbacks" in changed:
+            changed.remove("callbacks")
+            changed += [f"callbacks.{name}" for name in CallbackConfig.model_fields if name not in RELOADED_CALLBACKS
+                        and getattr(self.callbacks, name) != getattr(running.callbacks, name)]
+        return changed
 
     def unsafe_defaults(self) -> list[str]:
         """What makes this config unfit outside dev mode, each with what to set instead."""

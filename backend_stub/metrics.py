@@ -59,6 +59,8 @@ change_log_entries = Gauge("backend_change_log_entries", "entries kept in the st
 change_log_oldest_age = Gauge("backend_change_log_oldest_age_seconds",
                               "age of the oldest entry of the change log (0 when empty)", registry=REGISTRY)
 janitor_deletions = Counter("backend_janitor_deletions", "expired tasks deleted with their files", registry=REGISTRY)
+config_reloads = Counter("backend_config_reloads", "reloads of the config file, by outcome (applied, refused)",
+                         ("outcome",), registry=REGISTRY)
 operator_actions = Counter("backend_operator_actions", "operator recovery actions, by action and outcome",
                            ("action", "outcome"), registry=REGISTRY)
 
@@ -76,6 +78,8 @@ def seed(export_types: Iterable[str], worker_count: int) -> None:
     for outcome in CALLBACK_OUTCOMES:
         callbacks.labels(outcome)
     tasks_released.labels("disk_full")
+    for outcome in ("applied", "refused"):
+        config_reloads.labels(outcome)
 
 
 def task_ended(export_type: str, status: str, started_at: float | None, rows: int | None) -> None:

@@ -44,6 +44,9 @@ class Task:
     change_id: str = ""
     # the type's compression when the task was created: the stored file's name and media type follow it
     compression: str | None = None
+    # the digest of the type's definition when the task was created: every attempt and re-run reads it back
+    # (backend_stub.registry), so editing or removing the type does not change what this task exports
+    type_digest: str = ""
 
     @property
     def terminal(self) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +27,11 @@ class Submission:
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def parse_submission(body: Any, config: BackendConfig) -> Submission:
-    shape = check_submit_body(body, config.export_types.keys(), config.max_timeout_sec, config.default_timeout_sec,
+def parse_submission(body: Any, config: BackendConfig, types: Mapping[str, ExportTypeConfig]) -> Submission:
+    """`body` checked against the export types in force (`types`, the registry's)."""
+    shape = check_submit_body(body, types.keys(), config.max_timeout_sec, config.default_timeout_sec,
                               config.max_filters_bytes)
-    spec = config.export_types[shape.export_type]
+    spec = types[shape.export_type]
     return Submission(
         export_type=shape.export_type,
         filters=validate_filters(spec.filters, shape.filters),
@@ -59,8 +61,10 @@ def parse_active_quota(raw: str | None) -> int | None:
     return int(raw)
 
 
-def parse_rerun(body: Any, config: BackendConfig, export_type: str) -> tuple[int, dict[str, Any]]:
-    """`{"expected_attempt": n, "overrides": {"timeout_sec", "format", "degraded"}}`."""
+def parse_rerun(body: Any, config: BackendConfig, export_type: str,
+                spec: ExportTypeConfig | None) -> tuple[int, dict[str, Any]]:
+    """`{"expected_attempt": n, "overrides": {"timeout_sec", "format", "degraded"}}`; `spec`: the type the task
+    was created under."""
     if not isinstance(body, dict):
         raise validation_error("body", "must be a JSON object")
     expected = body.get("expected_attempt")
@@ -75,8 +79,7 @@ def parse_rerun(body: Any, config: BackendConfig, export_type: str) -> tuple[int
         if key == "timeout_sec":
             overrides[key] = check_timeout(value, config.max_timeout_sec, field)
         elif key == "format":
-            overrides[key] = offered_format(export_type, config.export_types.get(export_type),
-                                            check_format(value, field), field)
+            overrides[key] = offered_format(export_type, spec, check_format(value, field), field)
         elif key == "degraded":
             if not isinstance(value, bool):
                 raise validation_error(field, "must be true or false")

@@ -35,12 +35,13 @@ from typing import Awaitable, TypeVar
 from redis.exceptions import RedisError
 
 from backend_stub import lifecycle, metrics, tracing
-from backend_stub.config import BackendConfig
+from backend_stub.config import BackendConfig, ExportTypeConfig
 from backend_stub.disk_space import DiskSpace, OutOfSpace
 from backend_stub.export_job import ExportJob, JobResult
 from backend_stub.failures import Cancelled, DeadlineReached, PermanentFailure, TransientFailure
 from backend_stub.files import ResultFiles
 from backend_stub.models import Task, error_info
+from backend_stub.registry import Registry
 from backend_stub.result_store import ResultStore, StoreUnavailable
 from backend_stub.store import Change, Lease, TaskStore, store_down
 from exports_common.contract import Status
@@ -80,9 +81,10 @@ class Held:
 
 
 class Workers:
-    def __init__(self, config: BackendConfig, store: TaskStore, files: ResultFiles, results: ResultStore,
-                 disk: DiskSpace) -> None:
+    def __init__(self, config: BackendConfig, registry: Registry, store: TaskStore, files: ResultFiles,
+                 results: ResultStore, disk: DiskSpace) -> None:
         self.config = config
+        self.registry = registry
         self.store = store
         self.files = files
         self.results = results
@@ -120,25 +122,32 @@ class Workers:
         token = task_id_var.set(lease.task_id)
         trace_token = trace_id_var.set(None)
         try:
-            task = await self._begin(lease)
-            if task is not None:
+            begun = await self._begin(lease)
+            if begun is not None:
+                task, spec = begun
                 traceparent = task.extra.get("traceparent", "")
                 trace_id_var.set(traceparent.split("-")[1] if traceparent.count("-") == 3 else None)
                 metrics.workers_busy.inc()
                 try:
                     with tracing.export_run(task):
-                        await self._run(task, lease, consumer)
+                        await self._run(task, spec, lease, consumer)
                 finally:
                     metrics.workers_busy.dec()
         finally:
             task_id_var.reset(token)
             trace_id_var.reset(trace_token)
 
-    async def _begin(self, lease: Lease) -> Task | None:
+    async def _begin(self, lease: Lease) -> tuple[Task, ExportTypeConfig] | None:
         current = await self.store.get(lease.task_id)
-        spec = self.config.export_types.get(current.export_type) if current else None
-        if current is None or spec is None:
+        if current is None:
             await self.store.ack(lease)
+            return None
+        spec = await self._definition(current)
+        if spec is None:
+            await self.store.update(lease.task_id, lifecycle.finish(
+                Status.FAILED, ttl_sec=self.config.task_ttl_sec, error=error_info(
+                    "TYPE_DEFINITION_MISSING", f"the definition of export type {current.export_type} this task was "
+                    "created under cannot be read any more; submit it again", retryable=False)), ack=lease)
             return None
         if current.status == Status.RUNNING:
             metrics.lease_reclaims.labels(current.export_type).inc()
@@ -148,20 +157,28 @@ class Workers:
             return None
         self.files.remove_partials(task.task_id)
         log.info("task started", extra={"attempt": task.attempt, "export_type": task.export_type})
-        return task
+        return task, spec
 
-    def _should_fail(self, task: Task) -> bool:
-        fault = self.config.export_types[task.export_type].fault
+    async def _definition(self, task: Task) -> ExportTypeConfig | None:
+        """The type as the task was created under it (its recorded definition), whatever the file says now."""
+        try:
+            return await self.registry.definition(task.export_type, task.type_digest)
+        except ValueError as exc:  # the recorded definition no longer loads here (an ${ENV} it reads is unset)
+            log.error("an export type's recorded definition does not load", extra={
+                "export_type": task.export_type, "error": str(exc).splitlines()[0]})
+            return None
+
+    def _should_fail(self, task: Task, spec: ExportTypeConfig) -> bool:
+        fault = spec.fault
         used = task.attempt - task.base_attempt + 1
         return used <= fault.fail_first_attempts or random.random() < fault.failure_rate
 
-    async def _run(self, task: Task, lease: Lease, consumer: str) -> None:
-        spec = self.config.export_types[task.export_type]
+    async def _run(self, task: Task, spec: ExportTypeConfig, lease: Lease, consumer: str) -> None:
         job = ExportJob(
             spec, task, deadline=time.monotonic() + _deadline(task) - time.time(),
             part_path=self.files.partial(task.task_id, task.attempt),
             publish=self._publisher(task.result_key),
-            fail_transiently=self._should_fail(task),
+            fail_transiently=self._should_fail(task, spec),
             network=self.config.sources.policy(),
         )
         tracing.step(job.step)  # the first step, which a quick export may leave before its first progress report
@@ -169,7 +186,7 @@ class Workers:
         held = Held(lease)
         try:
             if await self._supervise(task, lease, consumer, job, future, held):
-                await self._complete(task, lease, job, future, held)
+                await self._complete(task, spec, lease, job, future, held)
         except LeaseLost as exc:
             job.cancel()
             await asyncio.gather(future, return_exceptions=True)
@@ -219,9 +236,8 @@ class Workers:
             asyncio.run_coroutine_threadsafe(self.results.publish(path, key), loop).result()
         return publish
 
-    async def _complete(self, task: Task, lease: Lease, job: ExportJob, future: asyncio.Future[JobResult],
-                        held: Held) -> None:
-        spec = self.config.export_types[task.export_type]
+    async def _complete(self, task: Task, spec: ExportTypeConfig, lease: Lease, job: ExportJob,
+                        future: asyncio.Future[JobResult], held: Held) -> None:
         ttl = self.config.task_ttl_sec
         try:
             result = future.result()

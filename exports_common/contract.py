@@ -167,7 +167,10 @@ TASK_ERROR_CODES: dict[str, str] = {
     "TASK_TIMEOUT": "the task ran past its timeout; retryable (a re-run may be asked for)",
     "EXPORT_FAILED": "transient failures used all of the type's `max_attempts`; not retryable",
     "EXPORT_TOO_LARGE": "past the type's `max_rows` or `max_bytes`; not retryable",
-    "SOURCE_ERROR": "the source yielded a row that does not match its columns; not retryable",
+    "SOURCE_ERROR": "the source yielded a row that does not match its columns, or a Python source failed (the "
+                    "message names it and the exception's type); not retryable",
+    "TYPE_DEFINITION_MISSING": "the definition of the export type the task was created under can no longer be "
+                               "read (or no longer loads); not retryable: submit it again",
     "FORMAT_UNAVAILABLE": "the backend no longer writes the task's format; not retryable",
     "EXPORT_ERROR": "the export stopped on an unexpected error",
     "WORKER_LOST": "the worker running the task died on its last allowed attempt",

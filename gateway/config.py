@@ -352,7 +352,9 @@ class GatewayConfig(Strict):
         return config
 
     def load_warnings(self) -> list[str]:
-        return list(self._load_warnings)
+        deprecated = [f"route {route.name}: {warning}" for route in self.routes for entry in route.plugins
+                      for warning in registry().get(entry.name).deprecations(entry.settings)]
+        return [*self._load_warnings, *deprecated]
 
     def breaker_of(self, route: RouteConfig) -> BreakerUse | None:
         """The breaker route `route`'s calls go through (None: none)."""

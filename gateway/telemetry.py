@@ -129,18 +129,23 @@ _MODES: dict[GaugeMerge, Literal["livemax", "livesum", "livemostrecent"]] = {
 class _ObservedGauge:
     """A gauge whose values a callable reads, set into a prometheus_client Gauge at each refresh."""
 
-    def __init__(self, name: str, description: str, read: Gauge, merge: GaugeMerge) -> None:
+    def __init__(self, name: str, description: str, read: Gauge, merge: GaugeMerge,
+                 labels: Iterable[str] | None) -> None:
         self.name, self.description, self.read, self.merge = name, description, read, merge
+        self.declared = None if labels is None else sorted(labels)
         self.labels: list[str] = []
-        self.gauge: prometheus_client.Gauge | None = None  # made at the first read with values (its label names)
+        # made at the first refresh when its label names are declared (then served while it has no series yet),
+        # else at the first read with values
+        self.gauge: prometheus_client.Gauge | None = None
         self.shown: set[tuple[str, ...]] = set()
 
     def refresh(self, registry: CollectorRegistry) -> None:
         values = list(self.read())
         if self.gauge is None:
-            if not values:
+            if not values and self.declared is None:
                 return
-            self.labels = sorted({k for _, attrs in values for k in attrs})
+            self.labels = self.declared if self.declared is not None else sorted(
+                {k for _, attrs in values for k in attrs})
             self.gauge = prometheus_client.Gauge(self.name, self.description, self.labels, registry=registry,
                                                  multiprocess_mode=_MODES[self.merge])
         seen = set()
@@ -190,12 +195,13 @@ class Metrics:
             raise ValueError(f"metric {name} is already counted with labels {owned.labels}")
         return owned
 
-    def observe_gauge(self, name: str, description: str, read: Gauge, merge: GaugeMerge = "max") -> None:
+    def observe_gauge(self, name: str, description: str, read: Gauge, merge: GaugeMerge = "max",
+                      labels: Iterable[str] | None = None) -> None:
         """A gauge read from `read` before each scrape (and, with several workers, once a second); declared again
-        (a reload), its reader is replaced."""
+        (a reload), its reader is replaced. With `labels` it is served from the start, before any series."""
         known = self._gauges.get(name)
         if known is None:
-            self._gauges[name] = _ObservedGauge(name, description, read, merge)
+            self._gauges[name] = _ObservedGauge(name, description, read, merge, labels)
         else:
             known.read = read
 

@@ -24,10 +24,11 @@ from backend_stub.sources.base import (
     TypedSource,
 )
 from backend_stub.sources.http import HttpSource
+from backend_stub.sources.python import PythonSource
 from backend_stub.sources.sql import SqlSource
 from backend_stub.sources.synthetic import SyntheticSource
 
-SourceConfig = Annotated[SyntheticSource | HttpSource | SqlSource, Field(discriminator="kind")]
+SourceConfig = Annotated[SyntheticSource | SqlSource | PythonSource | HttpSource, Field(discriminator="kind")]
 # the kinds whose result is a file as it comes (format raw), not rows: see base.BodyKind
 BODY_KINDS = (HttpSource,)
 

@@ -163,6 +163,13 @@ class TaskStore(Protocol):
 
     async def ping(self) -> bool: ...
 
+    async def put_type_definition(self, digest: str, definition: str) -> None:
+        """Keep an export type's definition (JSON, as written in the file) under its digest; the same digest
+        always holds the same text, so a second put changes nothing. Kept for good: a config edit adds one."""
+
+    async def type_definition(self, digest: str) -> str | None:
+        """The definition kept under `digest`, or None."""
+
 
 def callback_due(task: Task) -> float | None:
     cb = task.callback

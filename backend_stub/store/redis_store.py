@@ -333,6 +333,13 @@ class RedisTaskStore:
                         oldest[tenant] = min(oldest.get(tenant, task.created_at), task.created_at)
         return counts, oldest
 
+    async def put_type_definition(self, digest: str, definition: str) -> None:
+        await self.redis.set(f"{self.prefix}:type_definition:{digest}", definition, nx=True)
+
+    async def type_definition(self, digest: str) -> str | None:
+        found = await self.redis.get(f"{self.prefix}:type_definition:{digest}")
+        return str(found) if found is not None else None
+
     async def ping(self) -> bool:
         # a read in the store's slot: on a Redis Cluster it reaches the node holding the store, where a
         # PING would go to any node and call the backend ready while its store is gone

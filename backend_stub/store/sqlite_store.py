@@ -69,6 +69,10 @@ CREATE TABLE IF NOT EXISTS change_log (
     trimmed_through INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO change_log VALUES (1, 0);
+CREATE TABLE IF NOT EXISTS type_definitions (
+    digest TEXT PRIMARY KEY,
+    definition TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS callback_claims (
     task_id TEXT PRIMARY KEY,
     seq INTEGER NOT NULL,
@@ -398,3 +402,11 @@ class SqliteTaskStore:
     async def ping(self) -> bool:
         self.db.execute("SELECT 1").fetchone()
         return True
+
+    async def put_type_definition(self, digest: str, definition: str) -> None:
+        self.db.execute("INSERT OR IGNORE INTO type_definitions (digest, definition) VALUES (?, ?)",
+                        (digest, definition))
+
+    async def type_definition(self, digest: str) -> str | None:
+        row = self.db.execute("SELECT definition FROM type_definitions WHERE digest = ?", (digest,)).fetchone()
+        return str(row[0]) if row else None

@@ -124,6 +124,12 @@ class PluginBase(ABC, Generic[S]):
         return {}
 
     @classmethod
+    def deprecations(cls, settings: Any) -> list[str]:
+        """Settings that still load but should be written otherwise, one sentence each naming the new way (said
+        by check-config, at start and on reload)."""
+        return []
+
+    @classmethod
     async def stats(cls, services: Services) -> dict[str, Any]:
         """This plugin's part of /admin/stats (merged into the answer's top level)."""
         return {}

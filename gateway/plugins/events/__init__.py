@@ -122,7 +122,7 @@ class Events(PluginBase[EventsSettings]):
         hubs = _hubs(services)
         services.metrics.observe_gauge("gateway_event_streams_open", "event streams open now, by route",
                                        lambda: [(float(n), {"route": r}) for r, n in hubs.open_by_route.items()],
-                                       merge="sum")
+                                       merge="sum", labels=("route",))
 
     @classmethod
     async def stats(cls, services: Services) -> dict[str, Any]:

@@ -11,10 +11,10 @@ file system sends no events, as some network mounts do not.)
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from watchfiles import awatch
+from watchfiles import Change, awatch
 
 
 def _absolute(path: str | Path) -> Path:
@@ -29,11 +29,18 @@ def _digest(path: Path) -> str | None:
         return None  # mid-rename, or removed: the next event tells
 
 
+def _concerns(path: Path) -> Callable[[Change, str], bool]:
+    """Events of the file itself or of a ConfigMap's `..data` link; not of its neighbours (a log file or a
+    database beside the config would otherwise wake the watch at every write)."""
+    names = {path.name, "..data"}
+    return lambda change, changed: Path(changed).name in names
+
+
 async def changes(config_path: str | Path) -> AsyncIterator[str]:
     """Yield the new content digest each time the file's content changes, until cancelled."""
     path = _absolute(config_path)
     last = _digest(path)
-    async for _ in awatch(path.parent, recursive=False):
+    async for _ in awatch(path.parent, recursive=False, watch_filter=_concerns(path)):
         now = _digest(path)
         if now is not None and now != last:
             last = now

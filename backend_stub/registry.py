@@ -1,0 +1,184 @@
+"""The export types in force: one registry, owned by the backend, reloaded from its file without a restart.
+
+`Registry` holds the types and the callback allow-list in force and swaps them whole when
+backend.yaml changes (file events, SIGHUP): a file that does not validate is refused, logged
+with every problem and its line, and the registry in force keeps serving. Settings that a
+reload cannot apply (ports, stores, workers) are named in a warning and wait for a restart.
+
+Each type's definition is kept as written in the file (`${ENV}` references unexpanded, so
+no secret is in it) under the digest of its canonical JSON. A task records the digest when
+it is created and every attempt and re-run reads the definition back from the task store, so
+editing or removing a type never changes what an existing task exports.
+
+`GET /export-types` answers with an `ETag` (the digest of its body) and 304 to a matching
+`If-None-Match`, so the gateways can re-read it every few seconds for nothing. The gateway's
+own fetch carries no `X-Tenant-Id`: its answer also holds the callback allow-list, which a
+tenant's request through the public route never sees.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from backend_stub import metrics
+from backend_stub.config import BackendConfig, ExportTypeConfig
+from backend_stub.store import TaskStore
+from backend_stub.type_view import public_type
+from exports_common import dev_mode
+from exports_common.config_loader import ConfigError, interpolate, load_model
+from exports_common.netpolicy import AddressPolicy
+
+log = logging.getLogger("backend.registry")
+
+
+def digest_of(definition: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical(definition).encode()).hexdigest()
+
+
+def canonical(definition: Mapping[str, Any]) -> str:
+    return json.dumps(definition, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def written_types(path: str | None, config: BackendConfig) -> dict[str, dict[str, Any]]:
+    """Each type's block as written in the file (`${ENV}` unexpanded); a config not read from a file: its values."""
+    raw: Any = None
+    if path is not None:
+        try:
+            raw = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError):
+            raw = None
+    blocks = raw.get("export_types") if isinstance(raw, dict) else None
+    if isinstance(blocks, dict) and set(blocks) == set(config.export_types):
+        return {str(name): dict(block) for name, block in blocks.items()}
+    return {name: spec.model_dump(mode="json", exclude_defaults=True) for name, spec in config.export_types.items()}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One version of the registry: the types, their definitions as written and digests, the callback policy."""
+
+    types: Mapping[str, ExportTypeConfig]
+    definitions: Mapping[str, dict[str, Any]]
+    digests: Mapping[str, str]
+    allow_hosts: tuple[str, ...]
+    allow_networks: tuple[str, ...]
+
+    @classmethod
+    def of(cls, config: BackendConfig, path: str | None) -> Snapshot:
+        definitions = written_types(path, config)
+        return cls(types=dict(config.export_types), definitions=definitions,
+                   digests={name: digest_of(block) for name, block in definitions.items()},
+                   allow_hosts=tuple(config.callbacks.allow_hosts),
+                   allow_networks=tuple(config.callbacks.allow_networks))
+
+    @property
+    def callback_policy(self) -> AddressPolicy:
+        return AddressPolicy.from_lists(list(self.allow_hosts), list(self.allow_networks))
+
+    def answer(self, for_gateway: bool) -> dict[str, Any]:
+        """The body of GET /export-types; the gateway's own fetch (no tenant) also gets the callback allow-list."""
+        data: dict[str, Any] = {"items": [public_type(name, spec) for name, spec in self.types.items()]}
+        if for_gateway:
+            data["callbacks"] = {"allow_hosts": list(self.allow_hosts), "allow_networks": list(self.allow_networks)}
+        return data
+
+
+def etag_of(body: bytes) -> str:
+    return '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+
+
+class Registry:
+    """The registry in force, its reload, and the definitions tasks were created under."""
+
+    def __init__(self, config: BackendConfig, path: str | None, store: TaskStore) -> None:
+        self.config = config
+        self.path = path
+        self.store = store
+        self.current = Snapshot.of(config, path)
+        self._started_file = self._file() or config
+        self._parsed: dict[str, ExportTypeConfig] = {}  # digest -> the definition as a model, for attempts
+        self._listeners: list[Callable[[Snapshot], None]] = []
+        self._recorded: set[str] = set()  # digests this process stored
+
+    def _file(self) -> BackendConfig | None:
+        try:
+            return load_model(self.path, BackendConfig) if self.path else None
+        except ConfigError:
+            return None
+
+    def on_change(self, listener: Callable[[Snapshot], None]) -> None:
+        """`listener(snapshot)` is called after each applied reload."""
+        self._listeners.append(listener)
+
+    async def record(self, export_type: str) -> str:
+        """Store the type's definition in force under its digest (before a task names it) and return the digest."""
+        digest = self.current.digests[export_type]
+        if digest not in self._recorded:  # kept for good once stored: one write per definition and process
+            await self.store.put_type_definition(digest, canonical(self.current.definitions[export_type]))
+            self._recorded.add(digest)
+        return digest
+
+    async def definition(self, export_type: str, digest: str) -> ExportTypeConfig | None:
+        """The type a task was created under: its recorded definition, or (an older task without one) the type
+        in force; None when neither is there any more."""
+        if not digest:
+            return self.current.types.get(export_type)
+        if digest in self._parsed:
+            return self._parsed[digest]
+        if self.current.digests.get(export_type) == digest:
+            spec = self.current.types[export_type]
+        else:
+            written = await self.store.type_definition(digest)
+            if written is None:
+                return None
+            missing: list[str] = []
+            spec = ExportTypeConfig.model_validate(interpolate(json.loads(written), export_type, missing))
+            if missing:
+                raise ValueError("; ".join(missing))
+        self._parsed[digest] = spec
+        return spec
+
+    def reload(self) -> list[str]:
+        """Read the file again and apply its types and callback allow-list; the problems that refused it, if any."""
+        if not self.path:
+            return ["the backend was started without a config file"]
+        try:
+            config = load_model(self.path, BackendConfig)
+        except ConfigError as exc:
+            log.error("config reload refused; the export types in force keep serving", extra={"problems": exc.problems})
+            metrics.config_reloads.labels("refused").inc()
+            return exc.problems
+        unsafe = [] if dev_mode.dev_mode() else config.unsafe_defaults()
+        if unsafe:
+            log.error("config reload refused outside dev mode; the export types in force keep serving",
+                      extra={"problems": unsafe})
+            metrics.config_reloads.labels("refused").inc()
+            return unsafe
+        snapshot = Snapshot.of(config, self.path)
+        restart = config.restart_required(self._started_file)
+        if restart:
+            log.warning("config reloaded, but these settings keep their value from the start until a restart",
+                        extra={"restart_required": restart})
+        if snapshot == self.current:
+            return []
+        for warning in config.load_warnings():
+            log.warning("config reloaded with a warning", extra={"warning": warning})
+        added = sorted(set(snapshot.types) - set(self.current.types))
+        removed = sorted(set(self.current.types) - set(snapshot.types))
+        changed = sorted(n for n in snapshot.types if n in self.current.digests
+                         and snapshot.digests[n] != self.current.digests[n])
+        self.current = snapshot
+        metrics.seed(snapshot.types, self.config.workers)
+        metrics.config_reloads.labels("applied").inc()
+        for listener in self._listeners:
+            listener(snapshot)
+        log.info("export types reloaded", extra={"added": added, "removed": removed, "changed": changed,
+                                                 "types": len(snapshot.types)})
+        return []
