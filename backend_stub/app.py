@@ -21,6 +21,7 @@ from backend_stub.disk_space import DiskSpace
 from backend_stub.files import ResultFiles
 from backend_stub.http_fault import HttpFault, RequestCounter
 from backend_stub.result_store import open_result_store
+from backend_stub.service_auth import ServiceAuth
 from backend_stub.store import open_store
 from backend_stub.worker import Workers
 from exports_common import otel
@@ -77,4 +78,4 @@ def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
                             methods=["GET"]))
     handlers = {**exception_handlers(), RedisError: redis_failed}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
-    return tracing.TracingMiddleware(HttpFault(app, config.http_fault, counter))
+    return tracing.TracingMiddleware(ServiceAuth(HttpFault(app, config.http_fault, counter), config.required_token()))

@@ -73,7 +73,7 @@ class AdminRecovery:
                            if k in ("tenant", "status", "limit", "cursor")])
         url = upstream.url + path.format(**request.path_params) + (f"?{query}" if query else "")
         body = None
-        headers = [("accept", "application/json")]
+        headers = [("accept", "application/json"), *upstream.auth]
         if request.method == "POST":
             body = await read_limited(request.stream(), MAX_BODY, request.headers.get("content-length"))
             headers.append(("content-type", request.headers.get("content-type", "application/json")))

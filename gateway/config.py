@@ -11,6 +11,7 @@ plugins) loads with one warning (gateway/legacy_config.py).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import string
 from typing import Annotated, Any, Literal
@@ -42,6 +43,8 @@ from gateway.policy import RoutePolicy
 from gateway.policy.circuit_breaker import BreakerUse, CircuitBreakerSettings, breaker_of
 from gateway.refusal_hold import HoldSettings
 from gateway.tenants import Limits, TenantLimits
+
+BACKEND_TOKEN_ENV = "EXPORT_BACKEND_TOKEN"
 
 # read once at start (the server, the Redis client and stores, tracing, the upstream client's pool): a reload
 # that changes one applies everything else and says which of these wait for a restart
@@ -159,6 +162,13 @@ class UpstreamConfig(Strict):
                           "policy.circuit_breaker); none: no breaker")
     change_feed: ChangeFeedConfig | None = Field(
         default_factory=ChangeFeedConfig, description="the feed event streams follow; none: poll watched tasks")
+    service_token: str | None = Field(None, description=(
+        "sent as 'Authorization: Bearer <token>' on every call to this upstream (the backend's service_token); "
+        "unset: EXPORT_BACKEND_TOKEN when set; empty: none"))
+
+    def auth_headers(self) -> tuple[tuple[str, str], ...]:
+        token = self.service_token if self.service_token is not None else os.environ.get(BACKEND_TOKEN_ENV, "")
+        return (("authorization", f"Bearer {token}"),) if token else ()
 
     @model_validator(mode="after")
     def _one_way_to_name_endpoints(self) -> UpstreamConfig:
@@ -351,6 +361,40 @@ class GatewayConfig(Strict):
                 problems.append(f"tenants.{tenant} accepts a published demo API key: replace its api_key_hashes "
                                 "(python -m gateway hash-key <new key>)")
         return problems
+
+    def removals(self, running: GatewayConfig) -> list[str]:
+        """What this config takes away from `running`: its routes, and plugins of routes it keeps.
+
+        A file caught half-written (truncated mid-save) reads as a valid config with less in it:
+        a reload from the watcher or SIGHUP refuses these, and an operator applies them on purpose.
+        """
+        routes = {route.name: route for route in self.routes}
+        removed = [f"route {old.name}" for old in running.routes if old.name not in routes]
+        for old in running.routes:
+            if old.name in routes:
+                kept = {entry.name for entry in routes[old.name].plugins}
+                removed += [f"plugin {entry.name} of route {old.name}" for entry in old.plugins
+                            if entry.name not in kept]
+        return removed
+
+    def weakenings(self, running: GatewayConfig) -> list[str]:
+        """The security settings this config weakens, compared with `running`, one sentence each."""
+        weaker = []
+        if running.metrics_auth == "admin_token" and self.metrics_auth == "none":
+            weaker.append("metrics_auth: admin_token -> none (/metrics answers without the admin token)")
+        routes = {route.name: route for route in self.routes}
+        for old in running.routes:
+            new = routes.get(old.name)
+            if new is None:
+                continue
+            kept = {entry.name: entry for entry in new.plugins}
+            for entry in old.plugins:
+                if entry.name not in kept and registry().get(entry.name).gatekeeper:
+                    weaker.append(f"routes.{old.name}: {entry.name} removed (requests pass without its check)")
+                elif (entry.name == "auth" and entry.name in kept and getattr(entry.settings, "required", True)
+                      and not getattr(kept[entry.name].settings, "required", True)):
+                    weaker.append(f"routes.{old.name}: auth.required true -> false (anonymous requests pass)")
+        return weaker
 
     def restart_required(self, running: GatewayConfig) -> list[str]:
         """The paths of settings that differ from `running`'s but are read only at start."""

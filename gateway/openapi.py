@@ -302,7 +302,8 @@ async def _fetch(runtime: Runtime) -> ExportTypes | None:
     try:
         # a document request waits at most a few seconds for the backend, whatever the route's own read timeout
         timeouts = Timeouts(connect=min(upstream.timeouts.connect, 2.0), read=min(upstream.timeouts.read, 5.0))
-        resp = await runtime.services.client.request("GET", upstream.url + route.rewrite, [], None, timeouts)
+        resp = await runtime.services.client.request("GET", upstream.url + route.rewrite, list(upstream.auth), None,
+                                                     timeouts)
         body = json.loads(await resp.read())
         items = body["data"]["items"] if resp.status == 200 else None
     except (UpstreamError, ValueError, KeyError, TypeError) as exc:

@@ -110,6 +110,9 @@ class OpsEndpoints:
         config = in_force.model_dump(mode="json", exclude_none=True)
         config["admin_token"] = "***"
         config["download_signing"] = {"secrets": ["***"] * len(config["download_signing"]["secrets"])}
+        for upstream in config["upstreams"].values():
+            if upstream.get("service_token"):
+                upstream["service_token"] = "***"
         for route, shown in zip(in_force.routes, config["routes"], strict=True):
             # the plugins as a request meets them, every setting resolved, then the upstream call: its policy
             # and the breaker it goes through (the upstream's, or the route's own)
@@ -135,10 +138,14 @@ class OpsEndpoints:
 
     async def admin_reload(self, request: Request) -> Response:
         self.require_admin(request)
-        outcome = await self.holder.reload()
+        allow = request.query_params.get("allow_removals", "false").lower()
+        if allow not in ("true", "false"):
+            raise ApiError(ErrorKind.VALIDATION, "allow_removals: must be true or false",
+                           data={"field": "allow_removals", "reason": "must be true or false"})
+        outcome = await self.holder.reload("admin", allow_removals=allow == "true")
         if outcome.problems:
             raise ApiError(ErrorKind.VALIDATION, "the new config was refused; the old one keeps serving",
-                           data={"problems": outcome.problems})
+                           data={"problems": outcome.problems, "removals": outcome.removals})
         return ok({"reloaded": True, "routes": len(self.holder.runtime.config.routes),
                    "restart_required": outcome.restart_required})
 

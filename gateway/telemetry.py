@@ -158,7 +158,8 @@ class Metrics(Collector):
                                "endpoints left out for a while after repeated connect failures")
         self.breaker_transitions = Tally("gateway_breaker_transitions", ("upstream", "state"),
                                          "circuit breaker state changes, by new state")
-        self.config_reloads = Tally("gateway_config_reloads", ("outcome",), "config reloads: applied or refused")
+        self.config_reloads = Tally("gateway_config_reloads", ("outcome",), "config reloads: applied, refused "
+                                    "(invalid or unsafe) or refused_removals (it removed routes or plugins)")
         self.operator_actions = Tally("gateway_operator_actions", ("action", "outcome"),
                                       "operator recovery actions through the admin API")
         self._owned: dict[str, Tally] = {}  # the plugins' own counters, by metric name
@@ -190,7 +191,7 @@ class Metrics(Collector):
                 self.upstream_calls.seed(upstream, route, outcome)
             for state in ("open", "half-open", "closed"):
                 self.breaker_transitions.seed(upstream, state)
-        for outcome in ("applied", "refused"):
+        for outcome in ("applied", "refused", "refused_removals"):
             self.config_reloads.seed(outcome)
 
     def collect(self) -> Iterator[Metric]:

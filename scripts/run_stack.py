@@ -5,6 +5,7 @@ Prints where they listen and the demo credentials; Ctrl-C stops both.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -36,6 +37,9 @@ def main() -> int:
     # dev mode: the published demo secrets are accepted, which no exposed process may do
     env = dict(os.environ, EXPORTS_DEV="1")
     env.setdefault("GATEWAY_PUBLIC_URL", DEV_PUBLIC_URL)
+    # the backend answers only its gateway: one token for this run, given to both (unless one is set)
+    token = env.get("BACKEND_SERVICE_TOKEN") or env.get("EXPORT_BACKEND_TOKEN") or secrets.token_urlsafe(32)
+    env["BACKEND_SERVICE_TOKEN"] = env["EXPORT_BACKEND_TOKEN"] = token
     print(f"make run: DEV MODE is on (EXPORTS_DEV=1): the published demo keys and secrets are accepted and links "
           f"point at {env['GATEWAY_PUBLIC_URL']}. Never expose this stack; see docs/security.md.",
           flush=True)
@@ -53,7 +57,7 @@ def main() -> int:
         print(f"""
 Export gateway is up (DEV MODE).
   gateway:  http://127.0.0.1:8080   (public API under /api/v1/exports, /metrics, /admin/*)
-  backend:  http://127.0.0.1:8081
+  backend:  http://127.0.0.1:8081   (only the gateway may call it: it sends the service token)
   demo API keys:  demo -> demo-key-change-me    demo2 -> demo2-key-change-me
   admin token:    {admin}
   These are published: outside dev mode both processes refuse to start with them.

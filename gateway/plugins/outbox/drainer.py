@@ -88,7 +88,8 @@ class OutboxDrainer:
         with services.tracing.delivery(f"outbox delivery {item.upstream}", stored, attributes) as span:
             carrier: dict[str, str] = {}
             inject(carrier)
-            headers = [h for h in item.headers if h[0] not in _TRACE_HEADERS] + list(carrier.items())
+            headers = [h for h in item.headers if h[0] not in _TRACE_HEADERS] + list(carrier.items()) + [
+                *upstream.auth]
 
             async def call() -> GatewayResponse:
                 return await services.client.request(item.method, url, headers, item.body_bytes, upstream.timeouts)
