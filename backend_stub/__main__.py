@@ -5,4 +5,4 @@ from backend_stub.config import BackendConfig
 from exports_common.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main("backend_stub", BackendConfig, "config/backend.yaml", lambda config, _path: create_app(config)))
+    sys.exit(main("backend_stub", BackendConfig, "config/backend.yaml", create_app))

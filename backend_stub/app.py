@@ -20,6 +20,7 @@ from backend_stub.config import BackendConfig
 from backend_stub.disk_space import DiskSpace
 from backend_stub.files import ResultFiles
 from backend_stub.http_fault import HttpFault, RequestCounter
+from backend_stub.reload import ConfigReloader, Reload
 from backend_stub.result_store import open_result_store
 from backend_stub.service_auth import ServiceAuth
 from backend_stub.store import open_store
@@ -31,7 +32,8 @@ from exports_common.periodic import running
 from exports_common.redis_client import store_unavailable
 
 
-def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
+def create_app(config: BackendConfig, config_path: str | None = None) -> tracing.TracingMiddleware:
+    """The app for `config`; with `config_path`, the file is reloaded on change, SIGHUP and POST /internal/reload."""
     tracing.setup(config.tracing)
     store = open_store(config)
     files = ResultFiles(config.data_dir)
@@ -39,13 +41,17 @@ def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
     disk = DiskSpace(config.data_dir, config.min_free_bytes)
     workers = Workers(config, store, files, results, disk)
     sender = CallbackSender(config, store)
+    reloader = ConfigReloader(config, config_path)
+    reloads: set[asyncio.Task[Reload]] = set()  # held until done: the loop keeps tasks weakly
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await store.open()
         await workers.start()
+        reloader.arm_sighup(reloads)
         try:
-            async with running(janitor.run(store, results, config.sweep_interval_sec), sender.run()):
+            async with running(janitor.run(store, results, config.sweep_interval_sec), sender.run(),
+                               reloader.watch()):
                 yield
         finally:
             await workers.stop()
@@ -71,11 +77,12 @@ def create_app(config: BackendConfig) -> tracing.TracingMiddleware:
     counter = RequestCounter()
     api = BackendApi(config, store, files, results, counter)
     metrics.seed(config.export_types, config.workers)
-    routes = [*api.routes(), *AdminApi(store).routes(), Route("/metrics", metrics.endpoint(store), methods=["GET"]),
-              Route("/readyz", readyz, methods=["GET"])]
+    routes = [*api.routes(), *AdminApi(store).routes(), *reloader.routes(),
+              Route("/metrics", metrics.endpoint(store), methods=["GET"]), Route("/readyz", readyz, methods=["GET"])]
     if config.change_log.feed:  # without it, a gateway's 404 makes it poll each watched task instead
         routes.append(Route("/events", ChangeFeed(store, config.change_log.feed_heartbeat_sec).events,
                             methods=["GET"]))
     handlers = {**exception_handlers(), RedisError: redis_failed}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
-    return tracing.TracingMiddleware(ServiceAuth(HttpFault(app, config.http_fault, counter), config.required_token()))
+    guarded = ServiceAuth(HttpFault(app, config.http_fault, counter), config.required_token())
+    return tracing.TracingMiddleware(guarded)

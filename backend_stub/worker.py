@@ -220,7 +220,7 @@ class Workers:
 
     async def _complete(self, task: Task, lease: Lease, job: ExportJob, future: asyncio.Future[JobResult],
                         held: Held) -> None:
-        spec = self.config.export_types[task.export_type]
+        spec = job.spec  # as the attempt started: a reload may have changed or removed the type since
         ttl = self.config.task_ttl_sec
         try:
             result = future.result()

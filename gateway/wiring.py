@@ -14,10 +14,10 @@ import signal
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Literal
 
-from exports_common import dev_mode, otel, periodic
+from exports_common import config_watch, dev_mode, otel, periodic
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.signing import DownloadSigner
-from gateway import config_watch, policy, telemetry, worker_metrics
+from gateway import policy, telemetry, worker_metrics
 from gateway.breakers import Breakers
 from gateway.config import GatewayConfig
 from gateway.http_client import HttpClient
