@@ -117,3 +117,25 @@ def test_a_half_written_config_that_drops_routes_is_refused_until_an_operator_ap
     applied = httpx.post(f"{gateway.url}/admin/reload?allow_removals=true", headers=ADMIN, timeout=10)
     assert applied.status_code == 200, applied.text
     assert list(_routes(gateway)) == names[:3]
+
+
+def test_a_log_file_beside_the_config_does_not_feed_the_watcher(
+        services: Callable[..., Service], tmp_path: Path) -> None:
+    # the test's gateway logs to tmp_path/<name>.log, beside its config tmp_path/<name>.yaml
+    gateway = services("gateway", gateway_config(tmp_path, f"http://127.0.0.1:{free_port()}"))
+    assert gateway.log_path.parent == gateway.config_path.parent
+    neighbour = gateway.config_path.with_name("other.log")
+    for n in range(20):  # another writer in the directory: none of its events is the config's
+        with neighbour.open("a") as out:
+            out.write(f"line {n}\n")
+    # the gateway's own lines land there too: the watcher must not react to them, nor log that it saw them
+    assert httpx.get(f"{gateway.url}/admin/routes", timeout=10).status_code == 401
+    sizes = [gateway.log_path.stat().st_size]
+
+    def settled() -> bool:  # a second (three samples) without a byte more
+        sizes.append(gateway.log_path.stat().st_size)
+        return len(set(sizes[-3:])) == 1 and len(sizes) >= 3
+
+    wait_until(settled, 6, interval=0.5, what="the log to stop growing (the watcher feeding on it)")
+    assert "change detected" not in gateway.log() and "changes detected" not in gateway.log()
+    assert _state(gateway)[1:] == (0, 0), "no reload was tried"
