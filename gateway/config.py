@@ -63,9 +63,9 @@ def plugin_of(entry: PluginUse) -> tuple[str, BaseModel]:
 
 
 def providers(field: str, methods: tuple[str, ...]) -> list[str]:
-    """The usable plugins that provide `field` (with their default settings, where they have defaults)."""
+    """The loaded plugins that provide `field` (with their default settings, where they have defaults)."""
     found = []
-    for plugin in registry().usable():
+    for plugin in registry().active():
         try:
             contract = plugin.contract(plugin.Settings(), methods)
         except ValidationError:  # settings it cannot go without: what it provides whatever they are

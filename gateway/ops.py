@@ -6,7 +6,6 @@ reload they describe the new config.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import os
@@ -21,10 +20,9 @@ from starlette.routing import Route
 
 from exports_common.envelope import ok
 from exports_common.errors import ApiError, ErrorKind
-from gateway import openapi, policy, telemetry
+from gateway import openapi, plugin_hooks, policy, telemetry
 from gateway.address_limit import check_address
 from gateway.admin_recovery import AdminRecovery
-from gateway.plugin_registry import registry
 from gateway.response import GatewayResponse
 from gateway.wiring import RuntimeHolder
 
@@ -98,9 +96,7 @@ class OpsEndpoints:
         if runtime.config.metrics_auth == "admin_token":
             self.require_admin(request)
         services = runtime.services
-        for plugin in registry().usable():
-            with contextlib.suppress(Exception):  # a store that does not answer leaves the last value read
-                await plugin.before_scrape(services)
+        await plugin_hooks.before_scrape(services)  # a store that does not answer leaves the last value read
         body, content_type = telemetry.prometheus_text(services.metrics)
         return Response(body, media_type=content_type)
 
@@ -132,8 +128,7 @@ class OpsEndpoints:
         self.require_admin(request)
         services = self.holder.runtime.services
         stats: dict[str, Any] = {"pid": os.getpid(), **policy.stats(services)}
-        for plugin in registry().usable():  # each plugin reports its own part
-            stats.update(await plugin.stats(services))
+        stats.update(await plugin_hooks.stats(services))  # each plugin reports its own part
         return ok(stats)
 
     async def admin_reload(self, request: Request) -> Response:

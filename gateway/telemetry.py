@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
 from collections import Counter
 from typing import Callable, Iterable, Iterator
 
@@ -24,6 +25,17 @@ from prometheus_client.registry import Collector
 from exports_common.otel import TracingConfig
 from gateway import worker_metrics
 from gateway.tracing import ServerTrace, Tracing, inject, setup_tracing
+
+_failed_gauges: set[str] = set()
+
+
+def gauge_failed(name: str, exc: Exception) -> None:
+    """A gauge whose read raised: logged the first time (a scrape comes every few seconds), then left out."""
+    if name not in _failed_gauges:
+        _failed_gauges.add(name)
+        logging.getLogger("gateway.metrics").error(
+            f"gauge {name} could not be read; it is left out of /metrics (logged once)",
+            extra={"gauge": name, "error": f"{type(exc).__name__}: {exc}"[:500]}, exc_info=exc)
 
 __all__ = ["Metrics", "ServerTrace", "Tracing", "inject", "prometheus_text", "setup"]
 
@@ -200,7 +212,11 @@ class Metrics(Collector):
         for tally in self._tallies():
             yield from tally.families()
         for name, description, read in self._gauges:
-            values = list(read())
+            try:
+                values = list(read())
+            except Exception as exc:  # noqa: BLE001 - a plugin's gauge that fails is left out, not the scrape
+                gauge_failed(name, exc)
+                continue
             labels = sorted({k for _, attrs in values for k in attrs})
             family = GaugeMetricFamily(name, description, labels=labels)
             for value, attrs in values:

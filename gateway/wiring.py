@@ -17,7 +17,7 @@ from typing import AsyncIterator, Literal
 from exports_common import config_watch, dev_mode, otel, periodic
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.signing import DownloadSigner
-from gateway import policy, telemetry, worker_metrics
+from gateway import plugin_hooks, policy, telemetry, worker_metrics
 from gateway.breakers import Breakers
 from gateway.config import GatewayConfig
 from gateway.http_client import HttpClient
@@ -129,8 +129,7 @@ class RuntimeHolder:
         services.metrics.observe_gauge("gateway_config_info", "the config in force: its hash (1 while it serves)",
                                        lambda: [(1.0, {"hash": self.config_hash})])
         policy.observe(services)
-        for plugin in registry().usable():
-            plugin.observe(services)
+        plugin_hooks.observe(services)
 
 
 def open_services(config: GatewayConfig) -> Services:
@@ -157,15 +156,15 @@ def upstream_client(config: GatewayConfig) -> HttpClient:
 async def running(holder: RuntimeHolder) -> AsyncIterator[None]:
     """From start to shutdown: services open, the first Runtime in force, reload triggers armed."""
     services = open_services(holder.initial_config)
-    for problem in registry().problems():  # said once at start; a route naming it is refused with the same words
-        log.warning("an installed plugin cannot be used", extra={"problem": problem})
+    if unloaded := registry().unloaded():  # a broken package no route names costs nothing: it is not imported
+        log.info("installed plugins no route names are not loaded", extra={"plugins": unloaded})
     holder.observe(services)
     holder.apply(build_runtime(holder.initial_config, services))
     # what start-up built (modules, config, plugin chains) lives as long as the process: kept out of every
     # later collection, so that a full one walks only what requests left, which shortens the pauses in p99
     gc.freeze()
     # the plugins' background work (the outbox's drainer) runs on whatever services are in force
-    background = [work for plugin in registry().usable() for work in plugin.background(lambda: holder.runtime.services)]
+    background = plugin_hooks.background(lambda: holder.runtime.services)
     # one of several workers (run --workers N): its figures published for whichever worker is scraped
     if (where := worker_metrics.directory()) is not None:
         background.append(worker_metrics.publish_forever(services.metrics.registry, where))
