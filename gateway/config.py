@@ -45,6 +45,7 @@ from gateway.refusal_hold import HoldSettings
 from gateway.tenants import Limits, TenantLimits
 
 BACKEND_TOKEN_ENV = "EXPORT_BACKEND_TOKEN"
+MIN_ADMIN_TOKEN = 32  # outside dev mode: a guessed token is the whole admin API
 
 # read once at start (the server, the Redis client and stores, tracing, the upstream client's pool): a reload
 # that changes one applies everything else and says which of these wait for a restart
@@ -353,6 +354,9 @@ class GatewayConfig(Strict):
             problems.append("public_base_url is empty: set GATEWAY_PUBLIC_URL to the URL clients reach the gateway at")
         if self.admin_token == dev_mode.DEV_ADMIN_TOKEN:
             problems.append("admin_token is the published default: set GATEWAY_ADMIN_TOKEN to a random secret")
+        elif len(self.admin_token) < MIN_ADMIN_TOKEN:
+            problems.append(f"admin_token has {len(self.admin_token)} characters, fewer than {MIN_ADMIN_TOKEN}: set "
+                            f"GATEWAY_ADMIN_TOKEN to {MIN_ADMIN_TOKEN}+ random characters (openssl rand -base64 32)")
         if dev_mode.DEV_SIGNING_SECRET in self.download_signing.secrets:
             problems.append("download_signing.secrets holds the published dev secret: set DOWNLOAD_SIGNING_SECRET "
                             "(the same value in the backend's config)")

@@ -172,6 +172,8 @@ class Metrics(Collector):
                                          "circuit breaker state changes, by new state")
         self.config_reloads = Tally("gateway_config_reloads", ("outcome",), "config reloads: applied, refused "
                                     "(invalid or unsafe) or refused_removals (it removed routes or plugins)")
+        self.admin_auth_failures = Tally("gateway_admin_auth_failures", ("outcome",), "failed admin "
+                                         "authentications: refused (401) or limited (429, too many from an address)")
         self.operator_actions = Tally("gateway_operator_actions", ("action", "outcome"),
                                       "operator recovery actions through the admin API")
         self._owned: dict[str, Tally] = {}  # the plugins' own counters, by metric name
@@ -205,6 +207,8 @@ class Metrics(Collector):
                 self.breaker_transitions.seed(upstream, state)
         for outcome in ("applied", "refused", "refused_removals"):
             self.config_reloads.seed(outcome)
+        for outcome in ("refused", "limited"):
+            self.admin_auth_failures.seed(outcome)
 
     def collect(self) -> Iterator[Metric]:
         yield from self.requests.families()

@@ -54,6 +54,10 @@ LOCAL_SERVICE_TOKEN = "cluster-service-token-for-a-local-trial-only"
 # task TTL the contract allows) rather than a day, so a long trial's memory stays bounded
 RESULT_TTL_SEC = 3600
 LOOPBACK = ["127.0.0.0/8", "::1/128"]
+# where nginx connects to the gateways from: here, loopback's first address; in compose, the project's network
+# (a private range docker picks); only these may say through X-Forwarded-For who the client is
+LB_ADDRESSES: dict[Hosts, list[str]] = {"local": ["127.0.0.1/32"],
+                                        "compose": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]}
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,8 @@ def _gateway_config(node: Node, env: dict[str, str], hosts: Hosts, workdir: Path
     exports.pop("url", None)
     exports["endpoints"] = env["BACKEND_URLS"].split(",")
     exports["balance"] = "least_requests"
+    # nginx in front: its X-Forwarded-For names each client, so per-address limits count clients, not nginx
+    config["trusted_proxies"] = LB_ADDRESSES[hosts]
     if hosts == "local":
         for route in config["routes"]:
             for plugin in route.get("plugins", []):
