@@ -45,6 +45,8 @@ from gateway.refusal_hold import HoldSettings
 from gateway.tenants import Limits, TenantLimits
 
 BACKEND_TOKEN_ENV = "EXPORT_BACKEND_TOKEN"
+# plugins whose removal from a route takes a check away, besides the gatekeepers (auth, rate_limit, task_id)
+CHECKS = frozenset({"signed_download", "validate", "list_query"})
 MIN_ADMIN_TOKEN = 32  # outside dev mode: a guessed token is the whole admin API
 
 # read once at start (the server, the Redis client and stores, tracing, the upstream client's pool): a reload
@@ -393,11 +395,14 @@ class GatewayConfig(Strict):
                 continue
             kept = {entry.name: entry for entry in new.plugins}
             for entry in old.plugins:
-                if entry.name not in kept and registry().get(entry.name).gatekeeper:
+                if entry.name not in kept and (registry().get(entry.name).gatekeeper or entry.name in CHECKS):
                     weaker.append(f"routes.{old.name}: {entry.name} removed (requests pass without its check)")
                 elif (entry.name == "auth" and entry.name in kept and getattr(entry.settings, "required", True)
                       and not getattr(kept[entry.name].settings, "required", True)):
                     weaker.append(f"routes.{old.name}: auth.required true -> false (anonymous requests pass)")
+        widened = [net for net in self.trusted_proxies if net not in running.trusted_proxies]
+        if widened:
+            weaker.append(f"trusted_proxies: {', '.join(widened)} added (their forwarding headers are believed)")
         return weaker
 
     def restart_required(self, running: GatewayConfig) -> list[str]:

@@ -1,6 +1,7 @@
 """The gateway applies an edit of its config file by itself (watchfiles), once per edit, and refuses a broken one."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -139,3 +140,37 @@ def test_a_log_file_beside_the_config_does_not_feed_the_watcher(
     wait_until(settled, 6, interval=0.5, what="the log to stop growing (the watcher feeding on it)")
     assert "change detected" not in gateway.log() and "changes detected" not in gateway.log()
     assert _state(gateway)[1:] == (0, 0), "no reload was tried"
+
+
+def _warnings(gateway: Service) -> list[str]:
+    """The settings named by the 'weakens security' warnings in the gateway's log, in order."""
+    lines = [json.loads(line) for line in gateway.log().splitlines() if line.startswith("{")]
+    return [line["setting"] for line in lines
+            if line["level"] == "warning" and line["msg"] == "config reload weakens security"]
+
+
+def test_a_reload_that_weakens_security_warns_naming_each_setting(services: Callable[..., Service],
+                                                                  tmp_path: Path) -> None:
+    gateway = services("gateway", gateway_config(tmp_path, f"http://127.0.0.1:{free_port()}",
+                                                 metrics_auth="admin_token"))
+    config = dict(gateway.config, metrics_auth="none", trusted_proxies=["10.0.0.0/8"])
+    _route(config, "export_types")["plugins"] = [p for p in _route(config, "export_types")["plugins"]
+                                             if p != "auth" and "auth" not in p]
+    _route(config, "cancel")["plugins"] = [{"auth": {"required": False}} if p == "auth" else p
+                                           for p in _route(config, "cancel")["plugins"]]
+    _route(config, "download")["plugins"] = [p for p in _route(config, "download")["plugins"]
+                                             if not (isinstance(p, dict) and "signed_download" in p)]
+    _save(gateway.config_path, yaml.safe_dump(config, sort_keys=False))
+    # removing plugins needs an operator; the watcher refused it and warned of nothing
+    wait_until(lambda: metric(httpx.get(f"{gateway.url}/metrics", headers=ADMIN, timeout=10).text,
+                              "gateway_config_reloads_total", outcome="refused_removals"), 10,
+               interval=0.05, what="the watcher to refuse the removals")
+    assert _warnings(gateway) == []
+    applied = httpx.post(f"{gateway.url}/admin/reload?allow_removals=true", headers=ADMIN, timeout=10)
+    assert applied.status_code == 200, applied.text
+    assert _warnings(gateway) == [
+        "metrics_auth: admin_token -> none (/metrics answers without the admin token)",
+        "routes.export_types: auth removed (requests pass without its check)",
+        "routes.cancel: auth.required true -> false (anonymous requests pass)",
+        "routes.download: signed_download removed (requests pass without its check)",
+        "trusted_proxies: 10.0.0.0/8 added (their forwarding headers are believed)"]
