@@ -11,7 +11,6 @@ plugins) loads with one warning (gateway/legacy_config.py).
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import string
 from typing import Annotated, Any, Literal
@@ -44,7 +43,6 @@ from gateway.policy.circuit_breaker import BreakerUse, CircuitBreakerSettings, b
 from gateway.refusal_hold import HoldSettings
 from gateway.tenants import Limits, TenantLimits
 
-BACKEND_TOKEN_ENV = "EXPORT_BACKEND_TOKEN"
 # plugins whose removal from a route takes a check away, besides the gatekeepers (auth, rate_limit, task_id)
 CHECKS = frozenset({"signed_download", "validate", "list_query"})
 MIN_ADMIN_TOKEN = 32  # outside dev mode: a guessed token is the whole admin API
@@ -165,13 +163,13 @@ class UpstreamConfig(Strict):
                           "policy.circuit_breaker); none: no breaker")
     change_feed: ChangeFeedConfig | None = Field(
         default_factory=ChangeFeedConfig, description="the feed event streams follow; none: poll watched tasks")
-    service_token: str | None = Field(None, description=(
-        "sent as 'Authorization: Bearer <token>' on every call to this upstream (the backend's service_token); "
-        "unset: EXPORT_BACKEND_TOKEN when set; empty: none"))
+    service_token: str = Field("", description=(
+        "sent as 'Authorization: Bearer <token>' on every call to this upstream: the export backend's "
+        "service_token (the shipped config reads EXPORT_BACKEND_TOKEN); empty: none. Only upstreams that are "
+        "export backends get it"))
 
     def auth_headers(self) -> tuple[tuple[str, str], ...]:
-        token = self.service_token if self.service_token is not None else os.environ.get(BACKEND_TOKEN_ENV, "")
-        return (("authorization", f"Bearer {token}"),) if token else ()
+        return (("authorization", f"Bearer {self.service_token}"),) if self.service_token else ()
 
     @model_validator(mode="after")
     def _one_way_to_name_endpoints(self) -> UpstreamConfig:
