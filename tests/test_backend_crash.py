@@ -50,4 +50,4 @@ def test_redis_other_backend_takes_over_within_lease(services: Callable[..., Ser
     done = wait_status(other.url, task_id, timeout=20)
     assert done["status"] == "COMPLETED" and done["attempt"] == 2
     assert "task started" in other.log() and task_id in other.log()
-    assert httpx.get(f"{other.url}/exports/{task_id}/file").status_code == 200
+    assert httpx.get(f"{other.url}/exports/{task_id}/file", headers=backend_headers()).status_code == 200
