@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml examples/tenant_allowlist/pyproject.toml
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]' -e examples/tenant_allowlist
 	touch $(STAMP)
 
-.PHONY: install run test test-fast check dist bench cluster docs
+.PHONY: install run test test-fast check dist bench cluster docs reference
 install: $(STAMP)
 
 run: $(STAMP)
@@ -25,6 +25,10 @@ test: $(STAMP)
 # the tests that start no server, for every save (under two minutes)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m inprocess $(PYTEST_ARGS)
+
+# docs/reference/*.md from the code (config models, error codes, metrics); a test fails when one is out of date
+reference: $(STAMP)
+	$(PY) -m scripts.gen_reference
 
 # the documentation site, built strict: a broken link or a page missing from the nav fails it
 docs: $(STAMP)

@@ -1,8 +1,10 @@
 """The backend's HTTP API, as the gateway calls it (plain and exact; no public-edge concerns)."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import mimetypes
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,7 +18,7 @@ from backend_stub.byte_range import requested_range
 from backend_stub.compression import MEDIA_TYPES
 from backend_stub.config import BackendConfig
 from backend_stub.files import ResultFiles
-from backend_stub.formats import FORMATS
+from backend_stub.formats import FORMATS, RAW
 from backend_stub.http_fault import RequestCounter
 from backend_stub.models import Task
 from backend_stub.result_store import (
@@ -183,9 +185,14 @@ class BackendApi:
             if location is not None:  # the URL is a credential: no cache may keep it
                 return Response(status_code=307, headers={"Location": location, "Cache-Control": "no-store"})
         size = int(task.result["bytes"])
-        headers = {"Accept-Ranges": "bytes", "Content-Disposition": f'attachment; filename="{key}"'}
+        etag = _etag(task.task_id, task.attempt, key, size)
+        headers = {"Accept-Ranges": "bytes", "Content-Disposition": f'attachment; filename="{_file_name(task)}"',
+                   "ETag": etag}
         media = _media_type(task)
-        span = requested_range(request.headers.get("range"), size)
+        # a resume names the file it began (If-Range): another file, or a date (no Last-Modified is sent), gets it
+        # whole (RFC 9110 13.1.5), so a client never appends one file's end to another's start
+        if_range = request.headers.get("if-range")
+        span = requested_range(request.headers.get("range"), size) if if_range in (None, etag) else None
         first, last = span or (0, size - 1)
         headers["Content-Length"] = str(last - first + 1)
         if span is not None:
@@ -220,8 +227,18 @@ class BackendApi:
 def _media_type(task: Task) -> str:
     if task.compression:
         return MEDIA_TYPES[task.compression]
+    if task.format == RAW:
+        return str((task.result or {}).get("media_type") or "application/octet-stream")
     written = FORMATS.get(task.format)
     return written.media_type if written is not None else "application/octet-stream"
+
+
+def _file_name(task: Task) -> str:
+    """What a download is saved as: the stored name, or for a raw result the task id with the extension its
+    media type implies (none when it implies none)."""
+    if task.format != RAW or task.compression:
+        return task.result_key
+    return task.task_id + (mimetypes.guess_extension(_media_type(task).split(";", 1)[0].strip()) or "")
 
 
 def _expired(task: Task) -> bool:
@@ -231,3 +248,8 @@ def _expired(task: Task) -> bool:
 async def _nothing() -> AsyncIterator[bytes]:
     return
     yield b""
+
+
+def _etag(task_id: str, attempt: int, key: str, size: int) -> str:
+    """A strong validator of a task's result file: another attempt's file, or another object, has another."""
+    return '"' + hashlib.sha256(f"{task_id}:{attempt}:{key}:{size}".encode()).hexdigest()[:32] + '"'

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import ipaddress
 import os
 from typing import Annotated, Any, Literal
 
@@ -18,11 +19,12 @@ from pydantic import (
 from backend_stub.compression import Compression
 from backend_stub.config_model import Strict
 from backend_stub.filters import FilterSpec
-from backend_stub.formats import FORMATS
-from backend_stub.sources import SourceConfig
+from backend_stub.formats import FORMATS, RAW
+from backend_stub.sources import BODY_KINDS, SourceConfig
 from exports_common import dev_mode
 from exports_common.connection_limits import ConnectionLimits
 from exports_common.contract import DOWNLOAD_PATH
+from exports_common.netpolicy import AddressPolicy
 from exports_common.otel import TracingConfig
 
 
@@ -90,6 +92,26 @@ class CallbackConfig(Strict):
         return self
 
 
+class SourcesConfig(Strict):
+    """Which non-public addresses sources may connect to (http endpoints); apart from the callback lists."""
+
+    allow_hosts: list[str] = Field(default_factory=list, description="non-public hosts a source may call")
+    allow_networks: list[str] = Field(default_factory=list, description="non-public CIDRs a source may call")
+
+    @field_validator("allow_networks")
+    @classmethod
+    def _networks(cls, networks: list[str]) -> list[str]:
+        for cidr in networks:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ValueError(f"{cidr!r} is not a network: write it as CIDR, e.g. 10.0.0.0/8") from None
+        return networks
+
+    def policy(self) -> AddressPolicy:
+        return AddressPolicy.from_lists(self.allow_hosts, self.allow_networks)
+
+
 class DownloadLinkConfig(Strict):
     """How callbacks name the result: the gateway's signed link (the same secret as the gateway's)."""
 
@@ -113,13 +135,13 @@ class DownloadRedirectConfig(Strict):
 
 
 def _offered_format(name: str) -> str:
-    if name not in FORMATS:
-        raise ValueError(f"unknown format {name!r}; this backend writes {', '.join(FORMATS)}")
+    if name not in FORMATS and name != RAW:
+        raise ValueError(f"unknown format {name!r}; this backend writes {', '.join([*FORMATS, RAW])}")
     return name
 
 
 OfferedFormat = Annotated[str, AfterValidator(_offered_format),
-                          WithJsonSchema({"type": "string", "enum": list(FORMATS)})]
+                          WithJsonSchema({"type": "string", "enum": [*FORMATS, RAW]})]
 FLAT_SHAPE_KEYS = ("dataset", "rows", "seed")
 SERVICE_TOKEN_ENV = "BACKEND_SERVICE_TOKEN"
 MIN_SERVICE_TOKEN = 32
@@ -164,8 +186,15 @@ class ExportTypeConfig(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> ExportTypeConfig:
+        self.filters = {name: spec if spec.column else spec.model_copy(update={"column": name})
+                        for name, spec in self.filters.items()}
         if len(set(self.formats)) < len(self.formats):
             raise ValueError(f"formats lists a format twice: {self.formats}")
+        if isinstance(self.source, BODY_KINDS) and self.formats != [RAW]:
+            raise ValueError(f"a {self.source.kind} source's result is the file it answers: set formats: [raw]")
+        if not isinstance(self.source, BODY_KINDS) and RAW in self.formats:
+            raise ValueError(f"format raw is the answer of an http source; a {self.source.kind} source writes rows: "
+                             f"offer {', '.join(FORMATS)}")
         columns = self.source.known_columns()
         if columns is not None:
             for name, spec in self.filters.items():
@@ -227,9 +256,12 @@ class BackendConfig(Strict):
     max_body_bytes: int = Field(65_536, ge=1024)
     max_header_bytes: int = Field(16_384, ge=1024, le=65536, description="larger request headers get 431")
     connection_limits: ConnectionLimits = Field(default_factory=ConnectionLimits)
+    shutdown_timeout_sec: int = Field(30, ge=1, le=3600, description="on SIGTERM, open requests get at most "
+                                        "this long to finish")
     max_filters_bytes: int = Field(8_192, ge=64)
     http_fault: HttpFaultConfig = Field(default_factory=HttpFaultConfig)
     callbacks: CallbackConfig = Field(default_factory=CallbackConfig)
+    sources: SourcesConfig = Field(default_factory=SourcesConfig)
     download_links: DownloadLinkConfig = Field(
         default_factory=lambda: DownloadLinkConfig(secrets=[dev_mode.DEV_SIGNING_SECRET]))
     export_types: dict[str, ExportTypeConfig]

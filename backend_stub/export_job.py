@@ -31,7 +31,8 @@ from backend_stub.formats import FORMATS, WriteOptions
 from backend_stub.models import Task
 from backend_stub.part_file import PartFile
 from backend_stub.result_store import StoreUnavailable
-from backend_stub.sources import Batch
+from backend_stub.sources import BODY_KINDS, Batch, BodyKind, SourceKind
+from exports_common.netpolicy import AddressPolicy
 
 RUNNING_MAX_PROGRESS = 95  # until the file is stored
 STORED_PROGRESS = 99  # COMPLETED is 100
@@ -44,6 +45,7 @@ log = logging.getLogger("backend.export")
 class JobResult:
     rows: int
     bytes: int
+    media_type: str | None = None  # a raw result's, as its source answered it
 
 
 class AttemptContext:
@@ -78,9 +80,12 @@ class ExportJob:
         part_path: Path,
         publish: Callable[[Path], None],
         fail_transiently: bool = False,
+        network: AddressPolicy | None = None,
     ) -> None:
-        """`deadline`: when the task times out, on the monotonic clock."""
+        """`deadline`: when the task times out, on the monotonic clock; `network`: the addresses a source may
+        connect to (sources.allow_hosts / allow_networks; default: public ones only)."""
         self.spec = spec
+        self.network = network or AddressPolicy()
         self.task = task
         self.part_path = part_path
         self.publish = publish
@@ -103,6 +108,11 @@ class ExportJob:
     def run(self) -> JobResult:
         try:
             return self._run()
+        except TransientFailure as exc:
+            self.part_path.unlink(missing_ok=True)
+            if exc.wait_sec > 0 and self._attempts_left():
+                self._pause(exc.wait_sec)  # the next attempt may not start sooner: this one holds the task till then
+            raise
         except OSError as exc:
             self.part_path.unlink(missing_ok=True)
             if no_space(exc):
@@ -113,11 +123,27 @@ class ExportJob:
             raise
 
     def _run(self) -> JobResult:
+        source = self.spec.source
+        with PartFile(self.part_path, self.task.compression) as part:
+            if isinstance(source, BODY_KINDS):
+                rows, media_type = 0, self._copy_body(source, part)
+            else:
+                rows, media_type = self._write_rows(source, part), None
+            self.ctx.set_step("store")
+            size = part.finish()
+        self._check_bytes(size)
+        self._pause(0)
+        self._store()
+        self.ctx.progress = STORED_PROGRESS
+        return JobResult(rows=rows, bytes=size, media_type=media_type)
+
+    def _write_rows(self, kind: SourceKind, part: PartFile) -> int:
+        """The source's rows through the task's format into `part`; how many were written."""
         spec, ctx = self.spec, self.ctx
         output = FORMATS.get(self.task.format)
         if output is None:
             raise PermanentFailure("FORMAT_UNAVAILABLE", f"this backend no longer writes {self.task.format!r}")
-        with spec.source.open(ctx, spec.filters) as source, PartFile(self.part_path, self.task.compression) as part:
+        with kind.open(ctx, spec.filters) as source:
             writer = output.open(part.stream, source.columns, WriteOptions(spec.csv_escape_formulas))
             estimate = source.estimate_rows()
             ctx.set_step("render")
@@ -133,13 +159,25 @@ class ExportJob:
                 self._fault(started)
             writer.close()
             self._fault(started, finished=True)
-            ctx.set_step("store")
-            size = part.finish()
-        self._check_bytes(size)
-        self._pause(0)
-        self._store()
-        ctx.progress = STORED_PROGRESS
-        return JobResult(rows=written, bytes=size)
+        return written
+
+    def _copy_body(self, kind: BodyKind, part: PartFile) -> str:
+        """The source's answer into `part` as it arrives; its media type."""
+        ctx = self.ctx
+        ctx.set_step("call")
+        with kind.open_body(ctx, self.network) as body:
+            ctx.set_step("receive")
+            received = 0
+            for chunk in body.chunks():
+                part.stream.write(chunk)
+                received += len(chunk)
+                self._check_bytes(part.stored_bytes())
+                if body.length:
+                    ctx.set_progress(5 + 90 * min(received, body.length) // body.length)
+        return body.media_type
+
+    def _attempts_left(self) -> bool:
+        return self.task.attempt - self.task.base_attempt + 1 < self.spec.max_attempts
 
     def _store(self) -> None:
         """Publish the finished file, waiting out a store outage (with backoff) until it lands or the job stops."""

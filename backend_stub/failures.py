@@ -16,7 +16,14 @@ class DeadlineReached(Cancelled):
 
 
 class TransientFailure(Exception):
-    """A failure worth another attempt: a source that could not be reached, a store that failed, an injected fault."""
+    """A failure worth another attempt: a source that could not be reached, a store that failed, an injected fault.
+
+    `wait_sec`: the next attempt must not start sooner (an endpoint's Retry-After, a backoff); the attempt
+    waits it out before it ends, when another attempt is left."""
+
+    def __init__(self, message: str, wait_sec: float = 0.0) -> None:
+        super().__init__(message)
+        self.wait_sec = wait_sec
 
 
 class PermanentFailure(Exception):

@@ -23,7 +23,7 @@ class FilterSpec(Strict):
     """One filter a client may send: its type, and the column it tests."""
 
     type: Literal["string", "integer", "number", "date", "enum"]
-    column: str
+    column: str = Field("", description="the column it tests; default: the filter's own name")
     op: Literal["eq", "gte", "lte"] = "eq"
     values: list[str] | None = Field(None, description="allowed values, for type enum")
     multiple: bool = Field(False, description="enum only: the client may send a list, matching any of it")

@@ -162,6 +162,7 @@ class Workers:
             part_path=self.files.partial(task.task_id, task.attempt),
             publish=self._publisher(task.result_key),
             fail_transiently=self._should_fail(task),
+            network=self.config.sources.policy(),
         )
         tracing.step(job.step)  # the first step, which a quick export may leave before its first progress report
         future = asyncio.get_running_loop().run_in_executor(self.executor, job.run)
@@ -257,6 +258,7 @@ class Workers:
             change = lifecycle.finish(Status.COMPLETED, attempt=task.attempt, ttl_sec=ttl, result={
                 "download_url": f"/exports/{task.task_id}/file",
                 "rows": result.rows, "bytes": result.bytes, "format": task.format, "compression": task.compression,
+                **({"media_type": result.media_type} if result.media_type else {}),
             })
         await self._end(task, lease, held, change)
 

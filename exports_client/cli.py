@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -260,9 +261,18 @@ def exit_code(exc: ExportsError) -> int:
     return USAGE
 
 
+def resume_hint(task_id: str) -> str:
+    return f"Resume with: exportctl wait {task_id}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     out = Output(getattr(args, "json", False))
+    # the SDK's warnings (the gateway unreachable, retrying in N s) as lines on stderr while they happen
+    notes = logging.StreamHandler(out.err)
+    notes.setFormatter(logging.Formatter("exportctl: %(message)s"))
+    sdk_log = logging.getLogger("exports_client")
+    sdk_log.addHandler(notes)
     try:
         with ExportsClient(getattr(args, "url", None), getattr(args, "api_key", None)) as client:
             code: int = args.run(client, out, args)
@@ -271,19 +281,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.task is not None:
             out.task(exc.task)
         task_id = exc.task.task_id if exc.task else json.loads(exc.resume_token)["task_id"]
-        out.note(f"{exc}. Resume with: exportctl wait {task_id}")
+        out.note(f"{exc}. {resume_hint(task_id)}")
         return STILL_RUNNING
     except KeyboardInterrupt:
         if out.waiting_on:
-            out.note(f"stopped waiting; task {out.waiting_on} keeps running. "
-                     f"Resume with: exportctl wait {out.waiting_on}")
+            out.note(f"stopped waiting; task {out.waiting_on} keeps running. {resume_hint(out.waiting_on)}")
         return INTERRUPTED
     except ExportsError as exc:
         out.note(f"exportctl: {exc}")
+        if out.waiting_on and exit_code(exc) == UNAVAILABLE:
+            out.note(f"stopped waiting; task {out.waiting_on} keeps running on the server. "
+                     f"{resume_hint(out.waiting_on)} (once the gateway answers again)")
         return exit_code(exc)
     except ValueError as exc:  # a missing URL or key, a malformed --filter
         out.note(f"exportctl: {exc}")
         return USAGE
+    finally:
+        sdk_log.removeHandler(notes)
 
 
 def run() -> None:

@@ -193,46 +193,89 @@ def same_origin(a: str, b: str) -> bool:
     return (x.scheme, x.netloc) == (y.scheme, y.netloc)
 
 
+class FileChanged(Exception):
+    """A resumed transfer's file is not the one the partial file holds the start of: the sink started over."""
+
+
 class Sink:
     """Where a download goes: a path (through `<path>.part`, renamed when whole) or a binary file object.
 
     `written` counts the file's bytes already in place: a `.part` left by an interrupted
-    run counts too, so a later call resumes it instead of starting over.
+    run of the same task counts too, so a later call resumes it instead of starting over.
+    The part file is keyed, in `<path>.part.json`, to the task and to the file's identity
+    (the ETag of the answer that began it): a part of another task, or of no known task,
+    is started over, a resume asks `If-Range` with that ETag, and a range of a file with
+    another ETag starts over too (FileChanged), so the result is never two files mixed.
     """
 
-    def __init__(self, dest: str | os.PathLike[str] | BinaryIO, resume: bool) -> None:
+    def __init__(self, dest: str | os.PathLike[str] | BinaryIO, resume: bool, task_id: str = "") -> None:
         self.path: Path | None = None
+        self.task_id = task_id
+        self.etag: str | None = None
         if isinstance(dest, (str, os.PathLike)):
             self.path = Path(dest)
             self.part = self.path.with_name(self.path.name + ".part")
-            if not resume:
+            self.meta = self.path.with_name(self.path.name + ".part.json")
+            known = self._known() if resume else None
+            if known is None or known.get("task_id") != task_id:
                 self.part.unlink(missing_ok=True)
+            else:
+                etag = known.get("etag")
+                self.etag = etag if isinstance(etag, str) else None
             self.file: BinaryIO = open(self.part, "ab")  # noqa: SIM115 (closed by close(), after the transfer)
             self.base = 0
             self.written = self.file.tell()
+            if not self.written:
+                self._remember(None)
         else:
             self.file = dest
             self.base = dest.tell() if dest.seekable() else 0
             self.written = 0
 
+    def _known(self) -> dict[str, Any] | None:
+        try:
+            known = json.loads(self.meta.read_text())
+        except (OSError, ValueError):
+            return None
+        return known if isinstance(known, dict) else None
+
+    def _remember(self, etag: str | None) -> None:
+        self.etag = etag
+        if self.path is not None:
+            self.meta.write_text(json.dumps({"task_id": self.task_id, "etag": etag}))
+
     def headers(self) -> dict[str, str]:
-        return {"Range": f"bytes={self.written}-"} if self.written else {}
+        if not self.written:
+            return {}
+        # If-Range wants a strong validator (RFC 9110 13.1.5); without one the task's key is the only check
+        if self.etag is not None and not self.etag.startswith("W/"):
+            return {"Range": f"bytes={self.written}-", "If-Range": self.etag}
+        return {"Range": f"bytes={self.written}-"}
 
     def accept(self, resp: httpx.Response) -> None:
         """Check the answer continues where the file stops; a full answer (200) starts the file over."""
+        etag = resp.headers.get("etag")
         if resp.status_code == 206:
             start = _range_start(resp.headers.get("content-range", ""))
             if start != self.written:
                 raise DownloadError(f"asked for bytes from {self.written}, got a range from {start}")
+            if self.etag is not None and etag is not None and etag != self.etag:
+                self._restart()
+                raise FileChanged(f"the file changed since its first bytes were written ({self.etag} -> {etag})")
         elif resp.status_code == 200:
             if self.written:
-                if not self.file.seekable():
-                    raise DownloadError("the server sent the whole file again and the destination cannot rewind")
-                self.file.seek(self.base)
-                self.file.truncate()
-                self.written = 0
+                self._restart()
+            self._remember(etag)
         else:
             raise error_of(resp)
+
+    def _restart(self) -> None:
+        if not self.file.seekable():
+            raise DownloadError("the server sent another file than the one begun and the destination cannot rewind")
+        self.file.seek(self.base)
+        self.file.truncate()
+        self.written = 0
+        self._remember(None)
 
     def write(self, chunk: bytes) -> None:
         self.file.write(chunk)
@@ -247,6 +290,7 @@ class Sink:
             return Path(name) if isinstance(name, str) else None
         self.file.close()
         self.part.replace(self.path)
+        self.meta.unlink(missing_ok=True)
         return self.path
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ flow with blocking calls and `AsyncExportsClient` with awaits.
 """
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from exports_client.errors import DownloadError, WaitTimeout
 from exports_client.models import ExportType, Task
 
 T = TypeVar("T")
+# "could not reach the gateway; retrying": a warning while a request or a wait is retried (exportctl prints them)
+log = logging.getLogger("exports_client")
 # an event stream sends a comment at least every 15 s: a read waits for a few of them before calling it cut
 STREAM_READ_TIMEOUT_SEC = 45.0
 DEFAULT_RETRY_SEC = 3.0
@@ -93,6 +96,7 @@ def send(ctx: Context, call: core.Call) -> Flow[httpx.Response]:
             delay = ctx.policy.delay(attempt, None, waited)
             if delay is None:
                 raise core.unreachable(ctx.base_url, exc) from exc
+            retrying(ctx, exc, delay)
         else:
             assert isinstance(resp, httpx.Response)
             if not core.is_retryable(resp, call):
@@ -102,6 +106,11 @@ def send(ctx: Context, call: core.Call) -> Flow[httpx.Response]:
                 raise core.error_of(resp)
         yield Sleep(delay)
         attempt, waited = attempt + 1, waited + delay
+
+
+def retrying(ctx: Context, exc: Exception, delay: float) -> None:
+    log.warning("could not reach the gateway at %s (%s: %s); retrying in %.1f s", ctx.base_url,
+                type(exc).__name__, exc, delay)
 
 
 def data(ctx: Context, call: core.Call) -> Flow[Any]:
@@ -148,6 +157,7 @@ def follow(ctx: Context, plan: polling.PollPlan, started: float) -> Flow[Task | 
     """
     last_id: str | None = None
     retry_sec, breaks = DEFAULT_RETRY_SEC, 0
+    failure: Exception | None = None  # why the last reconnect failed
     while True:
         remaining = plan.deadline - ctx.clock()
         if remaining <= 0:
@@ -156,8 +166,8 @@ def follow(ctx: Context, plan: polling.PollPlan, started: float) -> Flow[Task | 
         try:
             resp = yield OpenEvents(core.task_path(plan.task_id, "/events"), headers,
                                     min(STREAM_READ_TIMEOUT_SEC, remaining + 0.1))
-        except core.TRANSPORT_ERRORS:
-            resp = None
+        except core.TRANSPORT_ERRORS as exc:
+            resp, failure = None, exc
         if isinstance(resp, httpx.Response) and not core.is_event_stream(resp):
             yield CloseEvents()
             if core.streams_unsupported(resp):
@@ -192,8 +202,12 @@ def follow(ctx: Context, plan: polling.PollPlan, started: float) -> Flow[Task | 
             return None
         if ctx.clock() >= plan.deadline:
             raise WaitTimeout(plan.last, plan.token(), ctx.clock() - started)
-        yield Sleep(min(plan.deadline - ctx.clock(), polling.full_jitter(breaks - 1, ctx.rng, floor=0.1,
-                                                                         ceiling=retry_sec * 2 ** breaks)))
+        pause = min(plan.deadline - ctx.clock(), polling.full_jitter(breaks - 1, ctx.rng, floor=0.1,
+                                                                     ceiling=retry_sec * 2 ** breaks))
+        if failure is not None:
+            retrying(ctx, failure, pause)
+            failure = None
+        yield Sleep(pause)
 
 
 def poll(ctx: Context, plan: polling.PollPlan, started: float) -> Flow[Task]:
@@ -210,7 +224,9 @@ def poll(ctx: Context, plan: polling.PollPlan, started: float) -> Flow[Task]:
             plan.transport_failures += 1
             if plan.transport_failures > ctx.policy.retries:
                 raise core.unreachable(ctx.base_url, exc) from exc
-            plan.refused(ctx.clock(), None)
+            now = ctx.clock()
+            plan.refused(now, None)
+            retrying(ctx, exc, plan.not_before - now)
             continue
         assert isinstance(resp, httpx.Response)
         if core.is_retryable(resp, call):
@@ -228,13 +244,15 @@ def download(ctx: Context, task_id_or_task: str | Task, dest: core.Dest, resume:
     """Stream the result into `dest`, resuming with Range after a cut; a refused link is fetched afresh."""
     current = (yield from get(ctx, task_id_or_task)) if isinstance(task_id_or_task, str) else task_id_or_task
     url, expected = core.link(ctx.base_url, current)
-    sink = core.Sink(dest, resume)
+    sink = core.Sink(dest, resume, current.task_id)
     try:
         for attempt in range(1, attempts + 1):
             if sink.written >= expected:
                 break
             try:
                 resp = yield from _fetch(ctx, url, sink)
+            except core.FileChanged:  # the sink started over: the next try fetches the file whole
+                continue
             except core.TRANSPORT_ERRORS as exc:
                 if attempt == attempts:  # named without its query: the signature is a credential
                     raise core.unreachable(url.split("?", 1)[0], exc) from exc

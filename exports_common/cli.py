@@ -1,4 +1,4 @@
-"""The command line both processes share: `run`, `check-config` and `schema`."""
+"""The command line both processes share: `run`, `check-config` and `schema`, and any a process adds."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar, cast
 
@@ -31,6 +32,7 @@ class Served(Protocol):
     log_level: str
     max_header_bytes: int
     connection_limits: ConnectionLimits
+    shutdown_timeout_sec: int
 
     def unsafe_defaults(self) -> list[str]: ...
 
@@ -57,12 +59,24 @@ def _restart_warnings(config: BaseModel, running_path: str, model: type[M]) -> l
             for path in cast(Reloadable, config).restart_required(running)]
 
 
+@dataclass(frozen=True)
+class Command:
+    """A subcommand of one process's own: its name and help, its arguments, and what it does (the exit code)."""
+
+    name: str
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], object]  # adds its arguments to the parser given
+    run: Callable[[argparse.Namespace], int]
+
+
 def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, str], ASGIApp],
-         argv: list[str] | None = None, workers_refusal: Callable[[M, int], str | None] | None = None) -> int:
-    """`workers_refusal`: why this config cannot run N worker processes (None: it can); without it, one only."""
+         argv: list[str] | None = None, workers_refusal: Callable[[M, int], str | None] | None = None,
+         commands: tuple[Command, ...] = ()) -> int:
+    """`workers_refusal`: why this config cannot run N worker processes (None: it can); without it, one only.
+    `commands`: the process's own subcommands, listed by --help with the shared ones."""
     parser = argparse.ArgumentParser(prog=prog)
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="serve")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="serve, on the config's host and port unless --host or --port say otherwise")
     run.add_argument("--config", default=default_config)
     run.add_argument("--host")
     run.add_argument("--port", type=int)
@@ -78,7 +92,13 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
                        help="the config the process started with: warn about settings that a reload to FILE "
                             "would not apply without a restart")
     sub.add_parser("schema", help="print the config's JSON Schema")
+    own = {command.name: command for command in commands}
+    for command in commands:
+        command.arguments(sub.add_parser(command.name, help=command.help, description=command.help))
     args = parser.parse_args(argv)
+
+    if args.command in own:
+        return own[args.command].run(args)
 
     if args.command == "schema":
         print(json.dumps(model.model_json_schema(), indent=2))
@@ -127,7 +147,8 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
     # not uvicorn's, which believes any from loopback
     server = uvicorn.Config(make_app(config, path), host=served.host, port=served.port, log_config=None,
                             access_log=False, lifespan="on", http=bounded_http(limits, served.max_header_bytes),
-                            proxy_headers=False, timeout_keep_alive=limits.keep_alive_sec)
+                            proxy_headers=False, timeout_keep_alive=limits.keep_alive_sec,
+                            timeout_graceful_shutdown=served.shutdown_timeout_sec)
     if workers == 1:
         os.environ.pop(METRICS_DIR_ENV, None)  # one process answers for itself: no other run's files merged in
         single = shutdown.Server(server)

@@ -160,3 +160,19 @@ def link_params(params: list[tuple[str, str]]) -> tuple[int | None, str | None]:
     expires, sig = found.get("expires", []), found.get("sig", [])
     ok_expires = len(expires) == 1 and _EXPIRES.fullmatch(expires[0]) is not None
     return (int(expires[0]) if ok_expires else None), (sig[0] if len(sig) == 1 else None)
+
+
+# `error.code` of a FAILED or TIMEOUT task, with what it means (docs/reference/errors.md is generated from it)
+TASK_ERROR_CODES: dict[str, str] = {
+    "TASK_TIMEOUT": "the task ran past its timeout; retryable (a re-run may be asked for)",
+    "EXPORT_FAILED": "transient failures used all of the type's `max_attempts`; not retryable",
+    "EXPORT_TOO_LARGE": "past the type's `max_rows` or `max_bytes`; not retryable",
+    "SOURCE_ERROR": "the source yielded a row that does not match its columns; not retryable",
+    "FORMAT_UNAVAILABLE": "the backend no longer writes the task's format; not retryable",
+    "EXPORT_ERROR": "the export stopped on an unexpected error",
+    "WORKER_LOST": "the worker running the task died on its last allowed attempt",
+    "SUBMIT_REFUSED_<code>": "a submit the gateway held in its outbox while the backend was down was then refused by "
+                             "the backend for good; `<code>` is the backend's error code (e.g. "
+                             "`SUBMIT_REFUSED_42200`) and the message carries its message; not retryable: submit "
+                             "again as the message says",
+}

@@ -1,7 +1,8 @@
 """Every error kind the public API and the backend can answer with.
 
-The numeric codes are part of the contract: they are stable, listed in docs/reference/errors.md,
-and never reused for another meaning (a retired code stays listed there as retired).
+The numeric codes are part of the contract: they are stable, listed in docs/reference/errors.md
+(generated from this module: python -m scripts.gen_reference), and never reused for another meaning
+(a retired code stays in RETIRED).
 """
 from __future__ import annotations
 
@@ -59,6 +60,47 @@ class ErrorKind(Enum):
     @property
     def default_message(self) -> str:
         return self.value[2]
+
+
+# what the reference page adds to a code's default message: when it is answered and what `data` holds
+DETAILS: dict[ErrorKind, str] = {
+    ErrorKind.VALIDATION: "`data.field` names the field, `data.reason` says what is wrong with it",
+    ErrorKind.REQUEST_TIMEOUT: "request headers not complete within `header_timeout_sec`; the connection is closed",
+    ErrorKind.TASK_ID_CONFLICT: "answered by the backend to a submit under a task id it already holds",
+    ErrorKind.STALE_ATTEMPT: "backend re-run: `expected_attempt` is not the current attempt",
+    ErrorKind.TASK_TERMINAL: "cancel of a finished task; the task is in `data`",
+    ErrorKind.NOT_RETRYABLE: "re-run of a task that is not TIMEOUT or retryable FAILED",
+    ErrorKind.FILE_GONE: "the task expired: its file is deleted or about to be",
+    ErrorKind.RESULT_LOST: "download: the task has not expired but the result store no longer has its file (lost "
+                           "with the store's data, deleted behind the backends' backs, or backends on different "
+                           "stores)",
+    ErrorKind.RANGE_NOT_SATISFIABLE: "`Content-Range: bytes */<size>` gives the file's size",
+    ErrorKind.HEADERS_TOO_LARGE: "over `max_header_bytes` or `connection_limits.max_headers` lines",
+    ErrorKind.METHOD_NOT_ALLOWED: "`Allow` lists the allowed methods",
+    ErrorKind.RATE_LIMITED: "`data.limit`: `requests`, `submits` or `address`; `Retry-After` and `RateLimit` "
+                            "headers say when",
+    ErrorKind.TOO_MANY_ACTIVE_TASKS: "the tenant has `max_active_tasks` PENDING or RUNNING (`data.active`, "
+                                     "`data.limit`)",
+    ErrorKind.OUTBOX_FULL: "the tenant has `max_outbox_entries` submits waiting in the outbox for the backend",
+    ErrorKind.TOO_MANY_STREAMS: "the tenant has `max_open_streams` event streams open (over every gateway with "
+                                "Redis); `RateLimit-Policy: \"streams\";q=<cap>` comes with it",
+    ErrorKind.INTERNAL: "a bug; nothing was applied (never caused by client input)",
+    ErrorKind.UPSTREAM_UNREACHABLE: "the upstream refused or reset the connection, or answered what the gateway "
+                                    "will not pass on: `data.reason: answer_too_large` for an answer read whole past "
+                                    "the route's `max_answer_bytes`, a transfer coding other than `chunked`",
+    ErrorKind.UNAVAILABLE: "upstream breaker open, nothing known to degrade to, shared state (Redis) unreachable "
+                           "(`data.reason: store_unavailable`), or not ready",
+    ErrorKind.UPSTREAM_TIMEOUT: "the upstream did not answer within the timeouts (an answer read whole counts to "
+                                "its last byte), or the request had no answer within its route's "
+                                "`first_byte_timeout_sec` (`data.reason: deadline`)",
+    ErrorKind.BAD_RANGE: "a range whose last byte comes before its first (`bytes=5-1`) is invalid and ignored "
+                         "instead: the whole file, 200 (RFC 9110)",
+}
+
+# codes no longer answered, never to be given another meaning: code -> (name, HTTP status, why)
+RETIRED: dict[int, tuple[str, int, str]] = {
+    50001: ("RESULT_MISSING", 500, "retired in 0.2.0: a missing file is RESULT_LOST (41002) now"),
+}
 
 
 class ApiError(Exception):

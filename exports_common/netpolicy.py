@@ -6,7 +6,7 @@ module approved (`PinnedResolver`): the name is resolved once, each address is
 judged, and the connection goes to an approved one, so a second lookup that
 answers differently (DNS rebinding) has nothing to act on. IP literals in any
 spelling (decimal, octal, shortened) and IPv4 carried inside IPv6 (mapped,
-compatible, NAT64, 6to4, Teredo) are reduced to the address they reach before
+compatible, translated, NAT64, 6to4, Teredo) are reduced to the address they reach before
 they are judged.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ _NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:
 _6TO4 = ipaddress.IPv6Network("2002::/16")
 _TEREDO = ipaddress.IPv6Network("2001::/32")
 _COMPATIBLE = ipaddress.IPv6Network("::/96")
+_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")  # IPv4-translated, ::ffff:0:a.b.c.d (RFC 2765 SIIT)
 _LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 
 
@@ -38,6 +39,8 @@ def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv6 address carries and routes to, in any of the standard embeddings."""
     if ip.ipv4_mapped is not None:
         return ip.ipv4_mapped
+    if ip in _TRANSLATED:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     if ip in _COMPATIBLE and int(ip) > 1:  # ::a.b.c.d (deprecated, still routed by some stacks); not :: or ::1
         return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     if any(ip in net for net in _NAT64):

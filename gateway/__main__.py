@@ -1,8 +1,10 @@
+import argparse
 import sys
 from pathlib import Path
 
-from exports_common.cli import main
+from exports_common.cli import Command, main
 from exports_common.config_loader import ConfigError, load_model
+from gateway import conformance
 from gateway.app import create_app
 from gateway.config import GatewayConfig, workers_refusal
 from gateway.legacy_config import migrated
@@ -26,15 +28,36 @@ def migrate_config(path: str) -> int:
     return 0
 
 
+def list_plugins(_args: argparse.Namespace) -> int:
+    """What a route may name here: the built-ins and the installed packages' plugins, each imported and checked."""
+    lines, unusable = registry().describe()
+    print("\n".join(lines))
+    return 2 if unusable else 0
+
+
+def print_key_hash(args: argparse.Namespace) -> int:
+    print(hash_key(args.key))
+    return 0
+
+
+COMMANDS = (
+    Command("plugins", "list the plugins a route may name (built-in and installed), each checked; "
+            "exit 2 when one cannot be used",
+            lambda parser: None, list_plugins),
+    Command("hash-key", "print the hash of an API key, for a tenant's api_key_hashes",
+            lambda parser: parser.add_argument("key", help="the API key (one starting with '-': put -- before it)"),
+            print_key_hash),
+    Command("migrate-config", "print a config file in the current shape (it must load as it is)",
+            lambda parser: parser.add_argument("file"), lambda args: migrate_config(args.file)),
+    Command("conformance", "check that a backend speaks the upstream task contract the gateway relies on; "
+            "exit 0 only when every required check passes", conformance.add_arguments, conformance.run_checks),
+)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    return main("gateway", GatewayConfig, "config/gateway.yaml", create_app, argv, workers_refusal=workers_refusal,
+                commands=COMMANDS)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["hash-key"] and len(sys.argv) == 3:
-        print(hash_key(sys.argv[2]))
-        sys.exit(0)
-    if sys.argv[1:2] == ["migrate-config"] and len(sys.argv) == 3:
-        sys.exit(migrate_config(sys.argv[2]))
-    if sys.argv[1:] == ["plugins"]:
-        # what a route may name here: the built-ins and the installed packages' plugins, each imported and checked
-        lines, unusable = registry().describe()
-        print("\n".join(lines))
-        sys.exit(2 if unusable else 0)
-    sys.exit(main("gateway", GatewayConfig, "config/gateway.yaml", create_app, workers_refusal=workers_refusal))
+    sys.exit(cli())

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Awaitable
 
 from gateway.context import Handler, RequestContext
+from gateway.path_params import fill
 from gateway.response import GatewayResponse
 
 
@@ -46,7 +47,7 @@ class AnswerView:
                held: dict[str, Any] | None) -> Awaitable[GatewayResponse]:
         """The route's answer for `task_id`, from `held` or from the upstream."""
         params = {self.param: task_id}
-        ctx = RequestContext(origin.request, "GET", origin.route_name, self.upstream, self.rewrite.format_map(params),
+        ctx = RequestContext(origin.request, "GET", origin.route_name, self.upstream, fill(self.rewrite, params),
                              params, origin.request_id, upstream_headers=dict(origin.upstream_headers), query="",
                              tenant=origin.tenant, caller=origin.caller, caller_resolved=origin.caller_resolved,
                              task_id=task_id, held=held)

@@ -42,6 +42,7 @@ from gateway.policy import RoutePolicy
 from gateway.policy.circuit_breaker import BreakerUse, CircuitBreakerSettings, breaker_of
 from gateway.refusal_hold import HoldSettings
 from gateway.tenants import Limits, TenantLimits
+from gateway.upstream import DEFAULT_MAX_ANSWER_BYTES
 
 # plugins whose removal from a route takes a check away, besides the gatekeepers (auth, rate_limit, task_id)
 CHECKS = frozenset({"signed_download", "validate", "list_query"})
@@ -182,6 +183,11 @@ class UpstreamConfig(Strict):
         return [self.url] if self.url is not None else list(self.endpoints)
 
 
+# a route without a timeout policy answers within this, or 504; one with answers within its total and this margin
+DEFAULT_FIRST_BYTE_SEC = 60.0
+PLUGINS_MARGIN_SEC = 5.0
+
+
 class RouteConfig(Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$")
     path: str = Field(description="public path; {name} matches one path segment")
@@ -189,10 +195,28 @@ class RouteConfig(Strict):
     upstream: str
     rewrite: str | None = Field(None, description="upstream path; may use the path's {params}")
     max_body_bytes: int = Field(1_048_576, ge=0, description="a bigger request body gets 413")
+    max_answer_bytes: int = Field(
+        DEFAULT_MAX_ANSWER_BYTES, ge=1024, description="the most of an upstream answer a plugin reads whole (to sign "
+        "links, cache or store it): a bigger one is a 502, its connection closed, nothing kept; streamed answers "
+        "(downloads) are not bounded")
+    first_byte_timeout_sec: float | None = Field(
+        None, gt=0, description="the most seconds from a request's arrival to its answer's first byte, plugins "
+        "included (past it: 504); none: the policy's timeout.total plus 5 s, or 60 s without one. A streamed body "
+        "(a download, an event stream) keeps its own idle rules once it has started")
     plugins: list[PluginUse] = Field(default_factory=list, description="filters, run in the order written "
                                      "(the first sees the request first), the upstream call after the last")
     policy: RoutePolicy = Field(default_factory=RoutePolicy, description="the upstream call's timeout and retry, "
                                 "and how it uses its upstream's circuit breaker")
+
+    @property
+    def first_byte_deadline(self) -> float:
+        """Seconds from arrival to the answer's head: the route's policy's total bounds the upstream call, this
+        the whole request. Later by the plugins' own work (a few store calls, each bounded by its own timeout),
+        so that the policy's timeout, and what a plugin does about it (the outbox keeps a submit), comes first."""
+        if self.first_byte_timeout_sec is not None:
+            return self.first_byte_timeout_sec
+        timeout = self.policy.timeout
+        return timeout.total + PLUGINS_MARGIN_SEC if timeout is not None else DEFAULT_FIRST_BYTE_SEC
 
     @field_validator("plugins", mode="before")
     @classmethod
@@ -230,6 +254,9 @@ class RouteConfig(Strict):
         missing = used - set(compile_path(info.data.get("path", "/"))[2])
         if missing:
             raise ValueError(f"rewrite uses {sorted(missing)}, which the path does not define")
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"rewrite must start with / (it is the upstream path, after the upstream's URL): "
+                             f"{value!r}")
         return value
 
 
@@ -320,6 +347,8 @@ class GatewayConfig(Strict):
     upstreams: dict[str, UpstreamConfig]
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     access_log: bool = Field(False, description="one JSON line per request (logger gateway.access)")
+    shutdown_timeout_sec: int = Field(30, ge=1, le=3600, description="on SIGTERM, event streams end at once "
+                                        "and other open requests get at most this long to finish")
     routes: list[RouteConfig]
     # what the file should change though it loads (an older shape), for check-config, start and reload to say
     _load_warnings: list[str] = PrivateAttr(default_factory=list)

@@ -5,6 +5,7 @@ arrived, so a reload never changes a request halfway through.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
@@ -26,7 +27,7 @@ from gateway.context import RequestContext
 from gateway.request import GatewayRequest
 from gateway.response import GatewayResponse
 from gateway.runtime import Runtime
-from gateway.upstream import UpstreamError
+from gateway.upstream import AnswerTooLarge, UpstreamError
 
 log = logging.getLogger("gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -46,6 +47,11 @@ def upstream_error(exc: UpstreamError) -> GatewayResponse:
         return _circuit_open(math.ceil(exc.retry_after or 1)).copy()
     if exc.kind == "timeout":
         return GatewayResponse.error(ApiError(ErrorKind.UPSTREAM_TIMEOUT))
+    if isinstance(exc, AnswerTooLarge):
+        return GatewayResponse.error(ApiError(
+            ErrorKind.UPSTREAM_UNREACHABLE, f"the upstream's answer passed this route's limit of {exc.limit} bytes "
+            "(max_answer_bytes); it was cut off and nothing of it kept",
+            data={"reason": "answer_too_large", "max_answer_bytes": exc.limit}))
     return GatewayResponse.error(ApiError(ErrorKind.UPSTREAM_UNREACHABLE, data={"reason": exc.kind}))
 
 
@@ -69,19 +75,23 @@ async def handle(runtime: Runtime, request: GatewayRequest) -> GatewayResponse:
                 ApiError(ErrorKind.METHOD_NOT_ALLOWED, headers={"Allow": ", ".join(match)}))
         return GatewayResponse.error(ApiError(ErrorKind.NOT_FOUND, f"no route for {path}"))
     route = match.route
+    try:
+        upstream_path = match.upstream_path(path)
+    except ApiError as exc:  # a dot segment
+        return GatewayResponse.error(exc)
     headers = request.headers
     supplied = headers.get("x-request-id")
     # by position (request, method, route_name, upstream, upstream_path, params, request_id): seven keywords
     # cost more than the fields' assignment itself
     ctx = RequestContext(
-        request, method, route.name, route.upstream, match.upstream_path(path), match.params,
+        request, method, route.name, route.upstream, upstream_path, match.params,
         supplied if supplied and _REQUEST_ID.match(supplied) else f"{random.getrandbits(128):032x}",
     )
     services = runtime.services
     started = time.perf_counter()
     with services.tracing.server(method, route.path, route.name, headers, scope.get("client")) as request_trace:
         request_ids_var.set(_LogIds(ctx.request_id, request_trace.trace_int, match.params.get("task_id")))
-        resp = await _run_chain(runtime, ctx)
+        resp = await _run_chain(runtime, ctx, route.first_byte_deadline)
         if request_trace.span is not INVALID_SPAN:  # an unsampled request's span records nothing: no call
             request_trace.span.set_attribute("http.response.status_code", resp.status)
     for name, value in ctx.response_headers.items():
@@ -116,9 +126,13 @@ class _LogIds:
         return self.request_id if key == "request_id" else self.task_id if key == "task_id" else None
 
 
-async def _run_chain(runtime: Runtime, ctx: RequestContext) -> GatewayResponse:
+async def _run_chain(runtime: Runtime, ctx: RequestContext, within: float) -> GatewayResponse:
+    """The chain's answer, or an envelope for what went wrong; a chain that has not answered `within` seconds
+    (a plugin that never returns) is cancelled and answered 504."""
+    deadline = asyncio.timeout(within)
     try:
-        return await runtime.chains[ctx.route_name](ctx)
+        async with deadline:
+            return await runtime.chains[ctx.route_name](ctx)
     except ApiError as exc:
         return GatewayResponse.error(exc)
     except UpstreamError as exc:
@@ -129,6 +143,11 @@ async def _run_chain(runtime: Runtime, ctx: RequestContext) -> GatewayResponse:
         log.warning("shared state unavailable; answered 503", extra={"route": ctx.route_name, "error": str(exc)})
         return GatewayResponse.error(store_unavailable(exc))
     except Exception as exc:
+        if isinstance(exc, TimeoutError) and deadline.expired():
+            log.warning("the request had no answer within its route's deadline; answered 504",
+                        extra={"route": ctx.route_name, "deadline_sec": within})
+            return GatewayResponse.error(ApiError(ErrorKind.UPSTREAM_TIMEOUT, f"no answer within this route's "
+                                                  f"{within:g} s", data={"reason": "deadline"}))
         if _client_went_away(exc):
             log.info("the client went away before its request was read", extra={"route": ctx.route_name})
             return GatewayResponse(CLIENT_CLOSED)

@@ -37,7 +37,7 @@ from urllib.parse import quote, urlsplit
 import httptools
 
 from gateway.response import GatewayResponse
-from gateway.upstream import Body, Timeouts, UpstreamError
+from gateway.upstream import AnswerTooLarge, Body, Timeouts, UpstreamError
 
 # reading pauses once this much body is buffered unread, and resumes when the reader takes it
 HIGH_WATER = 256 * 1024
@@ -79,8 +79,8 @@ class _StaleConnection(UpstreamError):
 class _Reply:
     """One response as it arrives: what the connection fills in and the reader takes out."""
 
-    __slots__ = ("chunks", "done", "error", "head_done", "head_only", "headers", "size", "status", "unbounded",
-                 "waiter")
+    __slots__ = ("chunks", "done", "error", "head_done", "head_only", "headers", "limit", "size", "status",
+                 "unbounded", "waiter")
 
     def __init__(self, head_only: bool) -> None:
         self.status = 0
@@ -92,8 +92,9 @@ class _Reply:
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.head_only = head_only
-        # `whole` reads everything: no pause on the way
+        # `whole` reads everything: no pause on the way, but no more than `limit` bytes
         self.unbounded = False
+        self.limit = 0
 
     def wake(self) -> None:
         waiter = self.waiter
@@ -149,8 +150,8 @@ class _Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             cause = exc.__cause__ or exc.__context__
-            detail = str(cause) if isinstance(cause, UpstreamError) else f"unparsable answer: {exc}"
-            self._fail(UpstreamError("reset", detail))
+            self._fail(cause if isinstance(cause, UpstreamError) else
+                       UpstreamError("reset", f"unparsable answer: {exc}"))
             return
         # the parser holds a head until it is whole: a peer that never ends one is cut off here
         if not head_done and not reply.head_done and self.head_bytes > MAX_HEAD_BYTES:
@@ -207,7 +208,11 @@ class _Connection(asyncio.Protocol):
             self.interim = True
             return
         reply.status = status
-        reply.headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in self.raw_headers]
+        reply.headers = headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in self.raw_headers]
+        codings = [v for k, v in headers if k == "transfer-encoding"]
+        if codings and _codings(codings) != ["chunked"]:
+            raise UpstreamError("reset", f"the upstream used a transfer coding the gateway does not decode: "
+                                         f"{', '.join(codings)[:100]!r} (only chunked, as RFC 9112 6.1 allows)")
         reply.head_done = True
         if reply.head_only:  # llhttp cannot know a HEAD answer has no body: the next request gets a new parser
             self.stale_parser = True
@@ -231,7 +236,10 @@ class _Connection(asyncio.Protocol):
         else:
             chunks.append(body)
         reply.size += size
-        if reply.size > HIGH_WATER and not reply.unbounded and not self.reading_paused:
+        if reply.unbounded:
+            if reply.size > reply.limit:  # stops the parser: the connection is closed, the reader gets the error
+                raise AnswerTooLarge(reply.limit)
+        elif reply.size > HIGH_WATER and not self.reading_paused:
             self.reading_paused = True
             assert self.transport is not None
             self.transport.pause_reading()
@@ -347,12 +355,9 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def _ends_at_close(self, reply: _Reply) -> bool:
-        """Whether the answer's body is framed by the connection's end: no length, and chunked is not the last
-        transfer coding (RFC 9112 6.3: `gzip` alone, or `chunked, gzip`, is read until the end)."""
-        codings = ",".join([v for k, v in reply.headers if k == "transfer-encoding"])
-        if codings:
-            return codings.rsplit(",", 1)[-1].strip().lower() != "chunked"
-        return not any(k == "content-length" for k, _ in reply.headers)
+        """Whether the answer's body is framed by the connection's end: neither a length nor chunked (the only
+        transfer coding let through)."""
+        return not any(k in ("content-length", "transfer-encoding") for k, _ in reply.headers)
 
     def _complete(self, reply: _Reply, reuse: bool) -> None:
         reply.done = True
@@ -527,12 +532,14 @@ class _Pool:
 class _Exchange:
     """The reading end of one response: its body whole, as a stream, or released unread."""
 
-    __slots__ = ("conn", "read_timeout", "released", "reply")
+    __slots__ = ("conn", "deadline", "read_timeout", "released", "reply")
 
-    def __init__(self, conn: _Connection, reply: _Reply, read_timeout: float) -> None:
+    def __init__(self, conn: _Connection, reply: _Reply, read_timeout: float, deadline: float | None) -> None:
         self.conn = conn
         self.reply = reply
         self.read_timeout = read_timeout
+        # the request's deadline bounds a body read whole too (a streamed one goes on while data flows)
+        self.deadline = deadline
         self.released = False
 
     def __aiter__(self) -> _Exchange:
@@ -557,15 +564,22 @@ class _Exchange:
             self.conn.resume()
         return data
 
-    async def whole(self) -> bytes:
+    async def whole(self, limit: int) -> bytes:
+        """The body, at most `limit` bytes (AnswerTooLarge past it), by the request's deadline."""
         reply = self.reply
+        if reply.size > limit:
+            self.release()
+            raise AnswerTooLarge(limit)
         if not reply.done:
             reply.unbounded = True
+            reply.limit = limit
             self.conn.resume()
         while not reply.done:
             if reply.error is not None:
                 raise reply.error
-            await self.conn.wait(reply, self.read_timeout)
+            await self.conn.wait(reply, self.read_timeout, self.deadline)
+        if reply.error is not None:
+            raise reply.error
         return b"".join(reply.chunks)
 
     def release(self) -> None:
@@ -621,7 +635,7 @@ class HttpClient:
                 if reply is None or conn.reply is reply:
                     conn.close()
                 raise
-        exchange = _Exchange(conn, reply, timeouts.read)
+        exchange = _Exchange(conn, reply, timeouts.read, timeouts.deadline)
         return GatewayResponse(reply.status, reply.headers, stream=exchange, release=exchange.release,
                                whole=exchange.whole)
 
@@ -660,6 +674,11 @@ class HttpClient:
         port = parts.port or (443 if tls is not None else 80)
         size = self.pool_sizes.get(origin, self.pool_size)
         return _Pool(parts.scheme, parts.hostname, port, size, self.idle_timeout, tls)
+
+
+def _codings(values: list[str]) -> list[str]:
+    """The transfer codings of an answer's transfer-encoding headers, in order, lowercased."""
+    return [c.strip().lower() for v in values for c in v.split(",") if c.strip()]
 
 
 def _head(method: str, target: str, host: str, headers: list[tuple[str, str]], body: Body) -> bytes:

@@ -27,6 +27,7 @@ from gateway.upstream import Timeouts, UpstreamError
 
 log = logging.getLogger("gateway.openapi")
 EXPORT_TYPES_PATH = "/api/v1/export-types"
+FETCH_DEADLINE_SEC = 10.0
 ExportTypes = list[dict[str, Any]]
 
 NULLABLE_STR = {"type": ["string", "null"]}
@@ -300,8 +301,10 @@ async def _fetch(runtime: Runtime) -> ExportTypes | None:
         return None
     upstream = runtime.services.upstreams[route.upstream]
     try:
-        # a document request waits at most a few seconds for the backend, whatever the route's own read timeout
-        timeouts = Timeouts(connect=min(upstream.timeouts.connect, 2.0), read=min(upstream.timeouts.read, 5.0))
+        # a document request waits at most a few seconds for the backend, whatever the route's own read timeout,
+        # and reads the answer whole within ten
+        timeouts = Timeouts(connect=min(upstream.timeouts.connect, 2.0), read=min(upstream.timeouts.read, 5.0),
+                            deadline=time.monotonic() + FETCH_DEADLINE_SEC)
         resp = await runtime.services.client.request("GET", upstream.url + route.rewrite, list(upstream.auth), None,
                                                      timeouts)
         body = json.loads(await resp.read())

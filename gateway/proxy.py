@@ -16,7 +16,7 @@ from gateway.context import RequestContext
 from gateway.headers import client_headers, upstream_headers
 from gateway.response import GatewayResponse
 from gateway.services import Services, Upstream
-from gateway.upstream import Endpoint, Timeouts, UpstreamError
+from gateway.upstream import DEFAULT_MAX_ANSWER_BYTES, Endpoint, Timeouts, UpstreamError
 
 # the socket timeouts, cut to the deadline, normally fire first; the deadline itself catches a slow drip
 DEADLINE_SLACK_SEC = 0.25
@@ -41,12 +41,15 @@ class LimitedBody:
 
 
 class Proxy:
-    def __init__(self, upstream: Upstream, services: Services, max_body_bytes: int, breaker: str | None = None) -> None:
-        """`breaker`: the name of the breaker the route's calls go through, shown on each try's span."""
+    def __init__(self, upstream: Upstream, services: Services, max_body_bytes: int, breaker: str | None = None,
+                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:
+        """`breaker`: the name of the breaker the route's calls go through, shown on each try's span.
+        `max_answer_bytes`: the most of an answer a plugin may read whole."""
         self.upstream = upstream
         self.services = services
         self.max_body_bytes = max_body_bytes
         self.breaker = breaker
+        self.max_answer_bytes = max_answer_bytes
 
     def _body(self, ctx: RequestContext) -> bytes | LimitedBody | None:
         if ctx.body is not None:
@@ -126,4 +129,5 @@ class Proxy:
             span.set_attribute("http.response.status_code", resp.status)
         self.services.metrics.upstream_calls.add(self.upstream.name, ctx.route_name, str(resp.status))
         resp.headers = client_headers(resp.headers)
+        resp.max_read = self.max_answer_bytes
         return resp

@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from exports_common.envelope import JSON_TYPE, error_body, ok_body
 from exports_common.errors import ApiError
+from gateway.upstream import DEFAULT_MAX_ANSWER_BYTES, AnswerTooLarge
 
 log = logging.getLogger("gateway")
 
@@ -44,8 +45,11 @@ class GatewayResponse:
     body: bytes | None = None
     stream: AsyncIterator[bytes] | None = None
     release: Callable[[], Any] | None = None
-    # the upstream client's own way to read the whole body, cheaper than draining `stream` chunk by chunk
-    whole: Callable[[], Awaitable[bytes]] | None = None
+    # the upstream client's own way to read the whole body (at most the bytes given), cheaper than draining
+    # `stream` chunk by chunk
+    whole: Callable[[int], Awaitable[bytes]] | None = None
+    # the most `read` takes of a streamed body (the route's `max_answer_bytes`): past it, AnswerTooLarge
+    max_read: int = DEFAULT_MAX_ANSWER_BYTES
     events: EventBody | None = None
     _json: Any = field(default=None, repr=False)
     _prepared: _Prepared | None = field(default=None, repr=False)
@@ -99,13 +103,18 @@ class GatewayResponse:
         return media == JSON_TYPE
 
     async def read(self) -> bytes:
+        """The whole body, at most `max_read` bytes: past it, AnswerTooLarge (a 502) and the stream is closed."""
         if self.body is None:
             chunks = []
             try:
                 if self.whole is not None:
-                    chunks.append(await self.whole())
+                    chunks.append(await self.whole(self.max_read))
                 elif self.stream is not None:
+                    size = 0
                     async for chunk in self.stream:
+                        size += len(chunk)
+                        if size > self.max_read:
+                            raise AnswerTooLarge(self.max_read)
                         chunks.append(chunk)
             finally:
                 self.close()

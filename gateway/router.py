@@ -7,15 +7,19 @@ from typing import NamedTuple
 from starlette.routing import compile_path
 
 from gateway.config import RouteConfig
+from gateway.path_params import encode_segments, fill, multi_segment_params
 
 
 class Match(NamedTuple):  # one per request: a tuple is made in one call, a frozen dataclass field by field
     route: RouteConfig
     params: dict[str, str]
 
-    def upstream_path(self, raw_path: str) -> str:
+    def upstream_path(self, path: str) -> str:
+        """The path sent upstream (ApiError 404 for a dot segment); `path` is the request's, decoded."""
         rewrite = self.route.rewrite
-        return rewrite.format_map(self.params) if rewrite else raw_path
+        if rewrite:
+            return fill(rewrite, self.params, multi_segment_params(self.route.path))
+        return encode_segments(path, keep_slash=True)
 
 
 class Router:

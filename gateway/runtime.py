@@ -65,7 +65,7 @@ def build_chain(route: RouteConfig, breaker: BreakerUse | None, services: Servic
     """
     methods = tuple(route.methods)
     proxy = last or Proxy(services.upstreams[route.upstream], services, route.max_body_bytes,
-                          breaker.name if breaker is not None else None)
+                          breaker.name if breaker is not None else None, route.max_answer_bytes)
     call = upstream_call(proxy, route.policy, breaker, services, RouteInfo(route.name, route.upstream, methods, proxy))
     info = RouteInfo(route.name, route.upstream, methods, call, views.get if views is not None else None)
     handler: Handler = HeldAnswer(call) if held else call

@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
-from gateway.response import GatewayResponse
+if TYPE_CHECKING:  # the response module reads this one's errors
+    from gateway.response import GatewayResponse
 
 FailureKind = Literal["connect_error", "timeout", "reset", "circuit_open"]
 
@@ -42,6 +43,17 @@ class UpstreamError(Exception):
         self.kind = kind
         self.retry_after = retry_after
 
+
+class AnswerTooLarge(UpstreamError):
+    """An answer read whole passed its bound (a route's `max_answer_bytes`): its connection is closed."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__("reset", f"the upstream's answer passed {limit} bytes, the most this route reads whole")
+        self.limit = limit
+
+
+# the most of an answer read whole (to sign its links, cache it, store it), unless a route says otherwise
+DEFAULT_MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
 Body = bytes | AsyncIterable[bytes] | None
 

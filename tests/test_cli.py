@@ -17,7 +17,7 @@ import pytest
 
 from exports_client import ExportsClient
 from tests.client_stack import ClientStack, start_stack
-from tests.conftest import DEMO_KEY
+from tests.conftest import DEMO_KEY, gateway_config
 from tests.procs import ROOT, Service, free_port
 
 EXPORTCTL = str(Path(sys.executable).parent / "exportctl")
@@ -145,6 +145,36 @@ def test_ctrl_c_while_waiting_leaves_the_task_running_and_says_how_to_resume(sta
     with ExportsClient(stack.gateway.url, DEMO_KEY) as c:
         assert c.get(task_id).status in ("PENDING", "RUNNING")
         c.cancel(task_id)
+
+
+def test_a_gateway_killed_mid_wait_is_reported_within_seconds_then_the_wait_ends_with_how_to_resume(
+        stack: ClientStack, services: Callable[..., Service], tmp_path: Path) -> None:
+    gateway = services("gateway", gateway_config(tmp_path, stack.backend.url))
+    proc = subprocess.Popen([EXPORTCTL, "submit", "slow_export", "--wait"], env=env(stack, EXPORTS_URL=gateway.url),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    try:
+        task_id = proc.stderr.readline().split()[1]  # "submitted <id> (PENDING)": the wait has begun
+        proc.stderr.readline()  # its first state: the wait follows the task's event stream
+        gateway.kill()
+        killed = time.monotonic()
+        line = proc.stderr.readline()
+        while line and "could not reach the gateway" not in line:
+            line = proc.stderr.readline()
+        noticed = time.monotonic() - killed
+        assert f"could not reach the gateway at {gateway.url}" in line and "retrying in" in line
+        _, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert noticed < 8, noticed
+    assert proc.returncode == 5, err
+    assert f"could not reach {gateway.url}" in err  # the last try's error, then what to do
+    assert f"task {task_id} keeps running" in err and f"Resume with: exportctl wait {task_id}" in err
+    assert "Traceback" not in err
+    with ExportsClient(stack.gateway.url, DEMO_KEY) as c:
+        assert c.cancel(task_id).status == "CANCELLED"
 
 
 def test_on_a_terminal_a_progress_bar_shows_progress_step_and_elapsed_time(stack: ClientStack) -> None:

@@ -290,14 +290,52 @@ def test_download_resumes_a_part_file_left_by_an_earlier_run_and_writes_to_file_
         full = tmp_path / "full.csv"
         c.download(done, full)
         data = full.read_bytes()
-        (tmp_path / "again.csv.part").write_bytes(data[:1000])
+        proxy.cut_after = 1000  # an earlier run, cut off with no attempt left: its part file stays
+        with pytest.raises(Unavailable):
+            c.download(done, tmp_path / "again.csv", attempts=1)
+        kept = (tmp_path / "again.csv.part").stat().st_size
+        assert 0 < kept < len(data)
         proxy.ranges.clear()
         c.download(done, tmp_path / "again.csv")
-        assert proxy.ranges == ["Range: bytes=1000-"]
+        assert proxy.ranges == [f"Range: bytes={kept}-"]
         assert (tmp_path / "again.csv").read_bytes() == data
+        assert not (tmp_path / "again.csv.part.json").exists()
         with open(tmp_path / "obj.csv", "wb") as f:
             c.download(done, f)
         assert (tmp_path / "obj.csv").read_bytes() == data
+
+
+def test_a_part_file_of_another_task_or_another_file_is_started_over_never_mixed(
+        stack: ClientStack, proxy: CuttingProxy, tmp_path: Path) -> None:
+    with ExportsClient(proxy.url, DEMO_KEY) as c:
+        first, second = (c.wait(c.submit("report_export", {"metric": [metric]}).task_id, max_wait=60)
+                         for metric in ("revenue", "visits"))
+        files = {}
+        for task in (first, second):
+            c.download(task, tmp_path / task.task_id)
+            files[task.task_id] = (tmp_path / task.task_id).read_bytes()
+        assert files[first.task_id] != files[second.task_id] and len(files[first.task_id]) > 800
+        dest = tmp_path / "out.csv"
+        part, meta = tmp_path / "out.csv.part", tmp_path / "out.csv.part.json"
+        # left by the first task's download, then asked for the second's: started over
+        proxy.cut_after = 500
+        with pytest.raises(Unavailable):
+            c.download(first, dest, attempts=1)
+        assert json.loads(meta.read_text())["task_id"] == first.task_id and part.exists()
+        proxy.ranges.clear()
+        c.download(second, dest)
+        assert proxy.ranges == [] and dest.read_bytes() == files[second.task_id]
+        # the same task's key, but the bytes of another file (its ETag differs): the If-Range answer is whole
+        part.write_bytes(files[first.task_id][:700])
+        meta.write_text(json.dumps({"task_id": second.task_id, "etag": '"another-file"'}))
+        c.download(second, dest)
+        assert proxy.ranges == ["Range: bytes=700-"] and dest.read_bytes() == files[second.task_id]
+        # a part file no run of this SDK keyed (an older one's, or a stranger's): started over
+        part.write_bytes(files[first.task_id][:700])
+        assert not meta.exists()  # the download before ended whole: its key went with it
+        proxy.ranges.clear()
+        c.download(second, dest)
+        assert proxy.ranges == [] and dest.read_bytes() == files[second.task_id]
 
 
 # -- callbacks ----------------------------------------------------------------------------------------

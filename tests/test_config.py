@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel
 
 from backend_stub.config import BackendConfig
+from backend_stub.sources.synthetic import SyntheticSource
 from exports_common.config_loader import ConfigError, interpolate, load_model
 from gateway.config import GatewayConfig
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
@@ -152,10 +153,10 @@ def test_the_old_flat_shape_of_an_export_type_loads_as_a_synthetic_source_with_o
     path.write_text("export_types:\n  a: {dataset: orders, rows: 10, seed: 3, max_attempts: 2}\n"
                     "  b: {dataset: report}\n  c: {source: {kind: synthetic, dataset: users}}\n")
     config = load_model(path, BackendConfig)
-    a = config.export_types["a"]
-    assert (a.source.kind, a.source.dataset, a.source.rows, a.source.seed, a.max_attempts) == (
-        "synthetic", "orders", 10, 3, 2)
-    assert config.export_types["b"].source.rows == 100_000
+    a, b = config.export_types["a"], config.export_types["b"]
+    assert isinstance(a.source, SyntheticSource) and isinstance(b.source, SyntheticSource)
+    assert (a.source.dataset, a.source.rows, a.source.seed, a.max_attempts) == ("orders", 10, 3, 2)
+    assert b.source.rows == 100_000
     assert config.export_types["b"].formats == ["csv", "jsonl"]  # what every type offered before formats
     assert config.export_types["c"].formats == ["csv"]
     assert config.load_warnings() == [

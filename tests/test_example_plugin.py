@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable
@@ -81,6 +84,17 @@ def test_its_settings_are_checked_like_a_built_in(tmp_path: Path) -> None:
         "route `beta`, plugin tenant_allowlist: unknown key 'tenant', did you mean 'tenants'?") for p in problems)
     assert any(p.startswith("routes[0].plugins[2].tenant_allowlist.tenants (line ") and
                "List should have at least 1 item" in p for p in problems), problems
+
+
+def test_its_tests_pass_from_a_copy_outside_the_repository(tmp_path: Path) -> None:
+    """A plugin author's checkout has only the package: its pyproject.toml alone makes pytest run the async tests."""
+    copy = tmp_path / "tenant_allowlist"
+    shutil.copytree(ROOT / "examples/tenant_allowlist", copy,
+                    ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", ".pytest_cache"))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"],
+                            cwd=copy, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "5 passed" in result.stdout and "skipped" not in result.stdout and "warning" not in result.stdout
 
 
 HOOKS_FAIL = """

@@ -16,7 +16,8 @@ POLICY = AddressPolicy()
 
 
 @pytest.mark.parametrize("address", [
-    "::ffff:127.0.0.1", "::ffff:7f00:1", "::127.0.0.1", "::10.0.0.1", "::169.254.169.254",
+    "::ffff:127.0.0.1", "::ffff:7f00:1", "::ffff:0:127.0.0.1", "::ffff:0:10.0.0.1", "::ffff:0:a9fe:a9fe",
+    "::127.0.0.1", "::10.0.0.1", "::169.254.169.254",
     "64:ff9b::127.0.0.1", "64:ff9b::a9fe:a9fe", "64:ff9b:1::7f00:1", "64:ff9b:1:ffff::a00:1",
     "2002:7f00:1::", "2002:a9fe:a9fe::1", "2002:c0a8:101::",
     "2001:0:4136:e378:8000:63bf:80ff:fffe",  # Teredo, client 127.0.0.1 (stored inverted)
@@ -26,8 +27,8 @@ def test_ipv4_inside_ipv6_is_judged_as_the_ipv4_it_reaches(address: str) -> None
     assert not POLICY.address_allowed(ipaddress.ip_address(address))
 
 
-@pytest.mark.parametrize("address", ["::ffff:8.8.8.8", "64:ff9b::8.8.8.8", "2002:808:808::", "::8.8.8.8",
-                                     "2001:0:4136:e378:8000:63bf:f7f7:f7f7", "2606:4700:4700::1111"])
+@pytest.mark.parametrize("address", ["::ffff:8.8.8.8", "::ffff:0:8.8.8.8", "64:ff9b::8.8.8.8", "2002:808:808::",
+                                     "::8.8.8.8", "2001:0:4136:e378:8000:63bf:f7f7:f7f7", "2606:4700:4700::1111"])
 def test_public_addresses_in_any_spelling_are_allowed(address: str) -> None:
     assert POLICY.address_allowed(ipaddress.ip_address(address))
 
@@ -40,7 +41,8 @@ def test_allow_networks_apply_to_the_unwrapped_address() -> None:
 
 
 @pytest.mark.parametrize("url", ["http://[::127.0.0.1]/", "http://[64:ff9b::7f00:1]/", "http://[2002:7f00:1::]/",
-                                 "http://2130706433/", "http://0x7f.1/", "http://[::ffff:169.254.169.254]/"])
+                                 "http://2130706433/", "http://0x7f.1/", "http://[::ffff:169.254.169.254]/",
+                                 "http://[::ffff:0:127.0.0.1]/", "http://[::ffff:0:a9fe:a9fe]:8080/"])
 async def test_refusal_of_literal_spellings(url: str) -> None:
     assert await refusal(url, POLICY) is not None
 

@@ -338,3 +338,21 @@ def test_a_key_is_remembered_only_in_its_canonical_header() -> None:
         assert directory.bearer(header) == "acme"
     assert directory.bearer(b"Bearer k2") is None and directory.bearer(b"Basic k1") is None
     assert list(directory._known) == [b"Bearer k1"]
+
+
+@given(st.text(max_size=40))
+def test_a_path_param_goes_upstream_as_one_segment_and_reads_back_as_sent(value: str) -> None:
+    from urllib.parse import unquote
+
+    from gateway.path_params import encode_segments
+
+    if value in (".", ".."):
+        with pytest.raises(ApiError):
+            encode_segments(value, keep_slash=False)
+        return
+    segment = encode_segments(value, keep_slash=False)
+    assert not set(segment) & set("/?#")  # cannot add a segment, start a query or cut the path
+    assert unquote(segment) == value
+    # a {name:path} param keeps its segments, each encoded on its own
+    parts = encode_segments(f"{value.replace('.', 'x')}/a/b", keep_slash=True).split("/")
+    assert parts[-2:] == ["a", "b"] and unquote("/".join(parts)) == f"{value.replace('.', 'x')}/a/b"

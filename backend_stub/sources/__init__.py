@@ -7,13 +7,26 @@ nothing else names the kinds.
 """
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated
 
 from pydantic import Field
 
-from backend_stub.sources.base import API_VERSION, Batch, RowSource, Source, SourceContext, SourceKind
+from backend_stub.sources.base import (
+    API_VERSION,
+    Batch,
+    Body,
+    BodyKind,
+    RowSource,
+    Source,
+    SourceContext,
+    SourceKind,
+)
+from backend_stub.sources.http import HttpSource
 from backend_stub.sources.synthetic import SyntheticSource
 
-SourceConfig = Annotated[Union[SyntheticSource], Field(discriminator="kind")]  # noqa: UP007 - one kind today
+SourceConfig = Annotated[SyntheticSource | HttpSource, Field(discriminator="kind")]
+# the kinds whose result is a file as it comes (format raw), not rows: see base.BodyKind
+BODY_KINDS = (HttpSource,)
 
-__all__ = ["API_VERSION", "Batch", "RowSource", "Source", "SourceConfig", "SourceContext", "SourceKind"]
+__all__ = ["API_VERSION", "BODY_KINDS", "Batch", "Body", "BodyKind", "RowSource", "Source", "SourceConfig",
+           "SourceContext", "SourceKind"]

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from backend_stub.filters import FilterSpec
+from exports_common.netpolicy import AddressPolicy
 
 API_VERSION = 1
 Batch = list[tuple[Any, ...]]
@@ -77,7 +78,8 @@ class Source(Protocol):
 class SourceKind(Protocol):
     """A `source:` block as configured: the config model of one kind, and how it opens for an attempt."""
 
-    kind: str
+    @property
+    def kind(self) -> str: ...
 
     def known_columns(self) -> Sequence[str] | None:
         """The columns, when known from the config alone (filters are checked against them at load);
@@ -88,6 +90,32 @@ class SourceKind(Protocol):
 
     def open(self, ctx: SourceContext, filters: Mapping[str, FilterSpec]) -> Source:
         """The rows of one attempt. `filters`: the type's filter declarations (names to columns and ops)."""
+
+
+class Body(Protocol):
+    """One attempt's result as bytes rather than rows (format `raw`): a context manager, closed however it ends."""
+
+    media_type: str  # what the download is served as
+    length: int | None  # the size, when known in advance (for progress)
+
+    def chunks(self) -> Iterator[bytes]: ...
+
+    def __enter__(self) -> Body: ...
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None: ...
+
+
+@runtime_checkable
+class BodyKind(Protocol):
+    """A source kind whose result is a file as it comes (an endpoint's answer), not rows: it offers `raw` only.
+
+    `network` says which addresses it may connect to (sources.allow_hosts / allow_networks)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def open_body(self, ctx: SourceContext, network: AddressPolicy) -> Body: ...
 
 
 class RowSource:

@@ -216,7 +216,11 @@ class Idempotency(PluginBase[IdempotencySettings]):
         if resp.status >= 500 or resp.status == 429:  # a refusal for now is no answer to replay later
             await held.settle(None)
             return resp
-        body = await resp.read()
+        try:
+            body = await resp.read()
+        except BaseException:  # an answer past the route's bound, a body cut short: nothing to replay
+            await asyncio.shield(held.settle(None))
+            raise
         await held.settle(self._record(claim, resp, body))
         self.outcomes.add(self.route, "stored")
         return resp

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Coroutine, Literal
 
 from pydantic import Field
 
-from exports_common.contract import Status, Task
+from exports_common.contract import Status, Task, TaskError
 from exports_common.errors import ApiError, ErrorKind, unavailable
 from exports_common.timefmt import rfc3339
 from gateway.context import Handler, RequestContext
@@ -39,12 +39,15 @@ class OutboxSettings(Settings):
 
 
 def pending_task(item: OutboxItem, body: Any) -> dict[str, Any]:
-    """The task as the outbox knows it: submitted, not yet seen by the upstream."""
+    """The task as the outbox knows it: submitted, not yet seen by the upstream (PENDING), or refused by it
+    for good (FAILED, with the upstream's error)."""
     created = rfc3339(item.created_at)
     export_type = body.get("export_type") if isinstance(body, dict) else None
+    error = TaskError(**item.error) if item.error is not None else None
     return Task(task_id=item.task_id, export_type=export_type if isinstance(export_type, str) else None,
-                status=Status.PENDING, progress=0, current_step=None, attempt=1, created_at=created,
-                updated_at=created, result=None, error=None, degraded=True, callback=None).answer()
+                status=Status.PENDING if error is None else Status.FAILED, progress=0, current_step=None, attempt=1,
+                created_at=created, updated_at=created, result=None, error=error, degraded=True,
+                callback=None).answer()
 
 
 def _store(services: Services) -> OutboxStore:
@@ -54,8 +57,9 @@ def _store(services: Services) -> OutboxStore:
 
 
 def _deliveries(services: Services) -> Tally:
-    tally = services.metrics.tally("gateway_outbox", ("outcome",), "outboxed submissions delivered or refused")
-    for outcome in ("delivered", "refused"):
+    tally = services.metrics.tally("gateway_outbox", ("outcome",), "outboxed submissions delivered, deferred "
+                                   "(refused for now: tried again) or refused")
+    for outcome in ("delivered", "deferred", "refused"):
         tally.seed(outcome)
     return tally
 
@@ -162,4 +166,5 @@ class Outbox(PluginBase[OutboxSettings]):
     def _pending(self, item: OutboxItem) -> GatewayResponse:
         self.degraded.add(self.route, "outbox_pending")
         body = json.loads(item.body_bytes or b"{}")
-        return GatewayResponse.envelope(pending_task(item, body), headers={"Retry-After": "1"})
+        return GatewayResponse.envelope(pending_task(item, body),
+                                        headers={"Retry-After": "1"} if item.error is None else None)

@@ -15,11 +15,14 @@ that request's span, linked to it), so the task's trace goes on from there.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
+import random
 import socket
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from opentelemetry.trace import StatusCode
 from redis.exceptions import RedisError
@@ -28,6 +31,7 @@ from exports_common.errors import ApiError
 from exports_common.periodic import periodic
 from gateway.breakers import guarded
 from gateway.plugins.outbox.store import OutboxItem, OutboxStore
+from gateway.policy.retry import retry_after_seconds
 from gateway.response import GatewayResponse
 from gateway.services import Services
 from gateway.telemetry import Tally, inject
@@ -35,6 +39,11 @@ from gateway.upstream import UpstreamError
 
 log = logging.getLogger("gateway.outbox")
 FAILURE_STATUSES = frozenset({500, 502, 503, 504})
+# this submission's refusals for now (a timeout, too early, a quota): it keeps its place and is tried again later,
+# while those behind it go on. A 5xx (503 included) stops the drain, which backs off; any other 4xx refuses the
+# submission for good and its task reads FAILED
+TRANSIENT_STATUSES = frozenset({408, 425, 429})
+MAX_DEFERRAL_SEC = 60.0
 _TRACE_HEADERS = frozenset({"traceparent", "tracestate"})  # the submit's, stored with it: replaced by the delivery's
 
 
@@ -60,26 +69,34 @@ class OutboxDrainer:
         while True:
             if not await outbox.lock(self.owner, ttl=self._lease(services)):
                 return True
-            item = await outbox.oldest()
+            item = await outbox.oldest(time.time())
             if item is None:
                 await outbox.unlock(self.owner)
                 return True
-            if not await self._deliver(services, item):
+            outcome = await self._deliver(services, item)
+            if outcome is None:
                 await outbox.unlock(self.owner)
                 return False
-            await outbox.remove(item.task_id)
+            if outcome.error is not None:
+                await outbox.refuse(outcome)
+            elif outcome.not_before > item.not_before:
+                await outbox.defer(outcome)
+            else:
+                await outbox.remove(item.task_id)
 
     @staticmethod
     def _lease(services: Services) -> float:
         """Long enough for one delivery to end (connect + read timeouts) before another gateway may start."""
         return 1.0 + max((u.timeouts.connect + u.timeouts.read for u in services.upstreams.values()), default=5.0)
 
-    async def _deliver(self, services: Services, item: OutboxItem) -> bool:
+    async def _deliver(self, services: Services, item: OutboxItem) -> OutboxItem | None:
+        """The item delivered, refused for good (its `error` set) or for now (a later `not_before`), or None: the
+        upstream is failing, try again later."""
         upstream = services.upstreams.get(item.upstream)
         if upstream is None:
             log.error("outboxed submission names an upstream the config no longer has; kept",
                       extra={"task_id": item.task_id, "upstream": item.upstream})
-            return False
+            return None
 
         url = upstream.url + item.path
         stored = {name: value for name, value in item.headers if name in _TRACE_HEADERS}
@@ -91,22 +108,57 @@ class OutboxDrainer:
             headers = [h for h in item.headers if h[0] not in _TRACE_HEADERS] + list(carrier.items()) + [
                 *upstream.auth]
 
+            # the delivery, its answer read whole, ends within the drain lock's lease
+            timeouts = upstream.timeouts._replace(
+                deadline=time.monotonic() + upstream.timeouts.connect + upstream.timeouts.read)
+
             async def call() -> GatewayResponse:
-                return await services.client.request(item.method, url, headers, item.body_bytes, upstream.timeouts)
+                return await services.client.request(item.method, url, headers, item.body_bytes, timeouts)
 
             breaker = services.breakers.by_upstream.get(item.upstream)
             try:
                 resp = await (guarded(breaker, call, FAILURE_STATUSES, item.tenant) if breaker else call())
-                await resp.read()
+                body = await resp.read()
             except (UpstreamError, ApiError) as exc:  # ApiError: the tenant's own breaker is open
                 span.set_status(StatusCode.ERROR, str(exc))
                 log.info("outbox delivery deferred", extra={"task_id": item.task_id, "error": str(exc)})
-                return False
+                return None
             span.set_attribute("http.response.status_code", resp.status)
-        if resp.status >= 500:
-            return False
-        outcome = "delivered" if resp.status < 400 else "refused"
-        self.delivered.add(outcome)
-        level = logging.INFO if outcome == "delivered" else logging.ERROR
-        log.log(level, f"outboxed submission {outcome}", extra={"task_id": item.task_id, "status": resp.status})
-        return True
+        if resp.status >= 500:  # 503 too: the upstream is failing for everyone, the drain backs off
+            return None
+        if resp.status in TRANSIENT_STATUSES:
+            # this submission alone waits (one tenant's quota must not hold the others' back)
+            self.delivered.add("deferred")
+            wait = deferral_sec(item.deferrals, retry_after_seconds(resp.header("retry-after")))
+            log.info("outbox delivery deferred: the upstream refused it for now",
+                     extra={"task_id": item.task_id, "status": resp.status, "retry_in_sec": round(wait, 1)})
+            return dataclasses.replace(item, deferrals=item.deferrals + 1, not_before=time.time() + wait)
+        if resp.status < 400:
+            self.delivered.add("delivered")
+            log.info("outboxed submission delivered", extra={"task_id": item.task_id, "status": resp.status})
+            return item
+        self.delivered.add("refused")
+        log.error("outboxed submission refused by the upstream; its task reads FAILED",
+                  extra={"task_id": item.task_id, "status": resp.status})
+        return dataclasses.replace(item, error=refusal(resp.status, body))
+
+
+def deferral_sec(deferrals: int, retry_after: float | None) -> float:
+    """How long a submission refused for now waits: the upstream's Retry-After, else 1 s doubling to a minute
+    (jittered, so that submissions refused together do not come back together)."""
+    backoff = min(MAX_DEFERRAL_SEC, 2.0 ** deferrals) * random.uniform(0.5, 1.0)
+    return min(MAX_DEFERRAL_SEC, max(retry_after or 0.0, backoff))
+
+
+def refusal(status: int, body: bytes) -> dict[str, Any]:
+    """The task's error for a submission its upstream refused: the upstream's own code and message."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    code = doc.get("code") if isinstance(doc, dict) else None
+    message = doc.get("message") if isinstance(doc, dict) else None
+    return {"code": f"SUBMIT_REFUSED_{code if isinstance(code, int) else status}",
+            "message": f"the export service refused the submission held by the gateway ({status}): "
+                       f"{message if isinstance(message, str) else body[:200].decode('utf-8', 'replace')}"[:500],
+            "retryable": False}

@@ -14,9 +14,14 @@ import sqlite3
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from exports_common.redis_client import AnyRedis
+
+# a deferred item keeps its place: the drain looks this far down the order for one that is due
+DUE_WINDOW = 100
+# how long a submission the upstream refused stays readable (as a FAILED task) on its status route
+REFUSED_KEEP_SEC = 7 * 86_400
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,11 @@ class OutboxItem:
     headers: list[tuple[str, str]]
     body: str  # base64
     created_at: float
+    # set once the upstream refused it for good: the task's error (TaskError's fields), kept for its status route
+    error: dict[str, Any] | None = None
+    # refusals for now (429, 503...) so far, and the unix time before which it is not tried again
+    deferrals: int = 0
+    not_before: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -49,9 +59,16 @@ class OutboxStore(Protocol):
 
     async def find(self, tenant: str, task_id: str) -> OutboxItem | None: ...
 
-    async def oldest(self) -> OutboxItem | None: ...
+    async def oldest(self, now: float) -> OutboxItem | None:
+        """The first item in order that is due at `now`, among the first `DUE_WINDOW` (None: none is)."""
+
+    async def defer(self, item: OutboxItem) -> None:
+        """Store `item`'s new `deferrals` and `not_before`; it keeps its place in the order."""
 
     async def remove(self, task_id: str) -> None: ...
+
+    async def refuse(self, item: OutboxItem) -> None:
+        """Take `item` (its `error` set) out of the order, kept `REFUSED_KEEP_SEC` for `find`."""
 
     async def size(self) -> int: ...
 
@@ -72,6 +89,8 @@ class SqliteOutbox:
         self.db.execute("CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
                         "task_id TEXT UNIQUE NOT NULL, tenant TEXT NOT NULL, item TEXT NOT NULL)")
         self.db.execute("CREATE INDEX IF NOT EXISTS outbox_by_tenant ON outbox (tenant)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS outbox_refused (task_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, "
+                        "item TEXT NOT NULL, refused_at REAL NOT NULL)")
 
     async def put(self, item: OutboxItem) -> None:
         self.db.execute("INSERT OR IGNORE INTO outbox (task_id, tenant, item) VALUES (?,?,?)",
@@ -79,11 +98,26 @@ class SqliteOutbox:
 
     async def find(self, tenant: str, task_id: str) -> OutboxItem | None:
         row = self.db.execute("SELECT item FROM outbox WHERE task_id = ? AND tenant = ?", (task_id, tenant)).fetchone()
+        if row is None:
+            row = self.db.execute("SELECT item FROM outbox_refused WHERE task_id = ? AND tenant = ? AND refused_at > ?",
+                                  (task_id, tenant, time.time() - REFUSED_KEEP_SEC)).fetchone()
         return OutboxItem.from_json(row[0]) if row else None
 
-    async def oldest(self) -> OutboxItem | None:
-        row = self.db.execute("SELECT item FROM outbox ORDER BY seq LIMIT 1").fetchone()
-        return OutboxItem.from_json(row[0]) if row else None
+    async def refuse(self, item: OutboxItem) -> None:
+        now = time.time()
+        with self.db:  # one transaction: the item is never in neither table
+            self.db.execute("BEGIN")
+            self.db.execute("DELETE FROM outbox_refused WHERE refused_at <= ?", (now - REFUSED_KEEP_SEC,))
+            self.db.execute("INSERT OR REPLACE INTO outbox_refused (task_id, tenant, item, refused_at) "
+                            "VALUES (?,?,?,?)", (item.task_id, item.tenant, item.to_json(), now))
+            self.db.execute("DELETE FROM outbox WHERE task_id = ?", (item.task_id,))
+
+    async def oldest(self, now: float) -> OutboxItem | None:
+        rows = self.db.execute("SELECT item FROM outbox ORDER BY seq LIMIT ?", (DUE_WINDOW,)).fetchall()
+        return _first_due([OutboxItem.from_json(row[0]) for row in rows], now)
+
+    async def defer(self, item: OutboxItem) -> None:
+        self.db.execute("UPDATE outbox SET item = ? WHERE task_id = ?", (item.to_json(), item.task_id))
 
     async def remove(self, task_id: str) -> None:
         self.db.execute("DELETE FROM outbox WHERE task_id = ?", (task_id,))
@@ -138,19 +172,33 @@ class RedisOutbox:
                         args=[item.task_id, item.to_json()])
 
     async def find(self, tenant: str, task_id: str) -> OutboxItem | None:
-        raw = await self.redis.hget(self.items, task_id)
+        raw = await self.redis.hget(self.items, task_id) or await self.redis.get(self._refused_key(task_id))
         item = OutboxItem.from_json(raw) if raw else None
         return item if item is not None and item.tenant == tenant else None
 
-    async def oldest(self) -> OutboxItem | None:
-        task_id = await self.redis.lindex(self.order, 0)
-        if task_id is None:
+    def _refused_key(self, task_id: str) -> str:
+        return f"{self.tag}:refused:{task_id}"
+
+    async def refuse(self, item: OutboxItem) -> None:
+        # written before the item leaves the order: a crash between the two delivers it again, and the
+        # backend refuses it again
+        await self.redis.set(self._refused_key(item.task_id), item.to_json(), ex=REFUSED_KEEP_SEC)
+        await self.remove(item.task_id)
+
+    async def oldest(self, now: float) -> OutboxItem | None:
+        task_ids = await self.redis.lrange(self.order, 0, DUE_WINDOW - 1)
+        if not task_ids:
             return None
-        raw = await self.redis.hget(self.items, task_id)
-        if raw is None:
-            await self.redis.lrem(self.order, 1, task_id.decode() if isinstance(task_id, bytes) else task_id)
-            return await self.oldest()
-        return OutboxItem.from_json(raw)
+        raws = await self.redis.hmget(self.items, task_ids)
+        for task_id, raw in zip(task_ids, raws, strict=True):
+            if raw is None:  # its item was removed after the order was read: its place goes too
+                await self.redis.lrem(self.order, 1, task_id.decode() if isinstance(task_id, bytes) else task_id)
+        return _first_due([OutboxItem.from_json(raw) for raw in raws if raw is not None], now)
+
+    async def defer(self, item: OutboxItem) -> None:
+        # only while it is still waiting: a delivery by another gateway may have removed it
+        if await self.redis.hexists(self.items, item.task_id):
+            await self.redis.hset(self.items, item.task_id, item.to_json())
 
     async def remove(self, task_id: str) -> None:
         raw = await self.redis.hget(self.items, task_id)
@@ -185,3 +233,7 @@ class RedisOutbox:
 def new_item(task_id: str, tenant: str, upstream: str, method: str, path: str, headers: list[tuple[str, str]],
              body: bytes) -> OutboxItem:
     return OutboxItem(task_id, tenant, upstream, method, path, headers, base64.b64encode(body).decode(), time.time())
+
+
+def _first_due(items: list[OutboxItem], now: float) -> OutboxItem | None:
+    return next((item for item in items if item.not_before <= now), None)

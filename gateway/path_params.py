@@ -1,0 +1,51 @@
+"""A route's upstream path from its `rewrite` and the request's path params.
+
+Each param is encoded as one path segment (RFC 3986 3.3): a `?`, `#`, `/` or `%` in a
+param cannot start a query, cut the path or climb out of it. A `{name:path}` param keeps
+its `/`, each of its segments encoded. A `.` or `..` segment is refused with 404: it
+would name another upstream path. A rewrite starts with `/` (checked when the config
+loads), so what follows the upstream's URL is always a path: its origin is never the
+client's to choose.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from urllib.parse import quote
+
+from starlette.convertors import PathConvertor
+from starlette.routing import compile_path
+
+from exports_common.errors import ApiError, ErrorKind
+
+# what a path segment may hold as it is (RFC 3986 pchar, less `%`, which is always encoded)
+SEGMENT_SAFE = "!$&'()*+,;=:@"
+DOT_SEGMENTS = frozenset({".", ".."})
+_PLAIN = re.compile(r"[-A-Za-z0-9_~!$&'()*+,;=:@]*")
+_PLAIN_PATH = re.compile(r"[-A-Za-z0-9_~!$&'()*+,;=:@/]*")
+
+
+@functools.lru_cache(maxsize=256)
+def multi_segment_params(path: str) -> frozenset[str]:
+    """The params of a route path that may span segments (`{name:path}`)."""
+    return frozenset(name for name, convertor in compile_path(path)[2].items() if isinstance(convertor, PathConvertor))
+
+
+def encode_segments(value: str, keep_slash: bool) -> str:
+    """`value` as one path segment (or, `keep_slash`, as segments); a dot segment is a 404."""
+    # the common case (a task id, a plain path) has nothing to encode and no dot: a regex is several times
+    # quicker than quote()
+    if "." not in value and (_PLAIN_PATH if keep_slash else _PLAIN).fullmatch(value):
+        return value
+    parts = value.split("/") if keep_slash else [value]
+    if any(part in DOT_SEGMENTS for part in parts):
+        raise ApiError(ErrorKind.NOT_FOUND, "a path may not hold a '.' or '..' segment")
+    return "/".join([quote(part, safe=SEGMENT_SAFE) for part in parts])
+
+
+def fill(rewrite: str, params: dict[str, str], multi: frozenset[str] = frozenset()) -> str:
+    """The upstream path: `rewrite` with each param encoded (`multi`: the params that keep their `/`)."""
+    encoded = {}
+    for name, value in params.items():  # a loop: a comprehension's frame costs more than one or two params
+        encoded[name] = encode_segments(value, name in multi)
+    return rewrite.format_map(encoded)
