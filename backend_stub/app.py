@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from collections.abc import AsyncIterator
 
 from redis.exceptions import RedisError
@@ -22,10 +21,12 @@ from backend_stub.disk_space import DiskSpace
 from backend_stub.files import ResultFiles
 from backend_stub.http_fault import HttpFault, RequestCounter
 from backend_stub.registry import Registry
+from backend_stub.reload import ConfigReloader, Reload
 from backend_stub.result_store import open_result_store
+from backend_stub.service_auth import ServiceAuth
 from backend_stub.store import open_store
 from backend_stub.worker import Workers
-from exports_common import config_watch, otel
+from exports_common import otel
 from exports_common.envelope import error_response, exception_handlers, ok
 from exports_common.errors import unavailable
 from exports_common.periodic import running
@@ -33,7 +34,8 @@ from exports_common.redis_client import store_unavailable
 
 
 def create_app(config: BackendConfig, config_path: str | None = None) -> tracing.TracingMiddleware:
-    """The app; with `config_path`, its export types and callback allow-list follow that file (reload)."""
+    """The app for `config`; with `config_path`, its export types and callback allow-list follow that file (reloaded
+    on change, SIGHUP and POST /internal/reload)."""
     tracing.setup(config.tracing)
     store = open_store(config)
     registry = Registry(config, config_path, store)
@@ -43,21 +45,17 @@ def create_app(config: BackendConfig, config_path: str | None = None) -> tracing
     workers = Workers(config, registry, store, files, results, disk)
     sender = CallbackSender(config, store)
     registry.on_change(sender.apply)
-
-    async def watch_config() -> None:
-        if config_path:
-            async for _ in config_watch.changes(config_path):
-                registry.reload()
+    reloader = ConfigReloader(registry)
+    reloads: set[asyncio.Task[Reload]] = set()  # held until done: the loop keeps tasks weakly
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await store.open()
         await workers.start()
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, registry.reload)
+        reloader.arm_sighup(reloads)
         try:
             async with running(janitor.run(store, results, config.sweep_interval_sec), sender.run(),
-                               watch_config()):
+                               reloader.watch()):
                 yield
         finally:
             await workers.stop()
@@ -83,11 +81,12 @@ def create_app(config: BackendConfig, config_path: str | None = None) -> tracing
     counter = RequestCounter()
     api = BackendApi(config, registry, store, files, results, counter)
     metrics.seed(config.export_types, config.workers)
-    routes = [*api.routes(), *AdminApi(store).routes(), Route("/metrics", metrics.endpoint(store), methods=["GET"]),
-              Route("/readyz", readyz, methods=["GET"])]
+    routes = [*api.routes(), *AdminApi(store).routes(), *reloader.routes(),
+              Route("/metrics", metrics.endpoint(store), methods=["GET"]), Route("/readyz", readyz, methods=["GET"])]
     if config.change_log.feed:  # without it, a gateway's 404 makes it poll each watched task instead
         routes.append(Route("/events", ChangeFeed(store, config.change_log.feed_heartbeat_sec).events,
                             methods=["GET"]))
     handlers = {**exception_handlers(), RedisError: redis_failed}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
-    return tracing.TracingMiddleware(HttpFault(app, config.http_fault, counter))
+    guarded = ServiceAuth(HttpFault(app, config.http_fault, counter), config.required_token())
+    return tracing.TracingMiddleware(guarded)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import os
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -145,6 +146,8 @@ def _offered_format(name: str) -> str:
 OfferedFormat = Annotated[str, AfterValidator(_offered_format),
                           WithJsonSchema({"type": "string", "enum": [*FORMATS, RAW]})]
 FLAT_SHAPE_KEYS = ("dataset", "rows", "seed")
+SERVICE_TOKEN_ENV = "BACKEND_SERVICE_TOKEN"
+MIN_SERVICE_TOKEN = 32
 
 
 class ExportTypeConfig(Strict):
@@ -272,6 +275,13 @@ class BackendConfig(Strict):
     export_types: dict[str, ExportTypeConfig]
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     _source_warnings: list[str] = PrivateAttr(default_factory=list)
+    service_token: str = Field("", description=(
+        "the token every caller but the probes must send as 'Authorization: Bearer <token>' (the gateways' "
+        "upstream service_token); empty: BACKEND_SERVICE_TOKEN. Required outside dev mode"))
+
+    def required_token(self) -> str:
+        """The service token in force: the config's, else BACKEND_SERVICE_TOKEN's ("" in dev mode: no check)."""
+        return self.service_token or os.environ.get(SERVICE_TOKEN_ENV, "")
 
     def load_warnings(self) -> list[str]:
         """What loads but should be written otherwise: one sentence each, naming the new way."""
@@ -296,6 +306,11 @@ class BackendConfig(Strict):
     def unsafe_defaults(self) -> list[str]:
         """What makes this config unfit outside dev mode, each with what to set instead."""
         problems = []
+        token = self.required_token()
+        if len(token) < MIN_SERVICE_TOKEN:
+            problems.append(f"service_token is {'empty' if not token else 'too short'}: set {SERVICE_TOKEN_ENV} "
+                            f"(and the gateways' EXPORT_BACKEND_TOKEN) to the same {MIN_SERVICE_TOKEN}+ random "
+                            f"characters, so that only the gateways can call this backend")
         if not self.download_links.base_url:
             problems.append("download_links.base_url is empty: set GATEWAY_PUBLIC_URL to the gateway's public URL")
         if dev_mode.DEV_SIGNING_SECRET in self.download_links.secrets:

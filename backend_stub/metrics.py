@@ -47,6 +47,8 @@ disk_short = Gauge("backend_disk_short", "1 while this backend claims no task fo
                    registry=REGISTRY)
 task_ends = Counter("backend_task_ends", "attempts that ended, by status", ("export_type", "status"),
                     registry=REGISTRY)
+config_reloads = Counter("backend_config_reloads", "config reloads: applied, refused (invalid or unsafe) or "
+                         "refused_removals (it removed export types)", ("outcome",), registry=REGISTRY)
 callbacks = Counter("backend_callback_deliveries", "callback delivery tries, by outcome", ("outcome",),
                     registry=REGISTRY)
 callback_claims_taken_over = Counter(
@@ -59,8 +61,6 @@ change_log_entries = Gauge("backend_change_log_entries", "entries kept in the st
 change_log_oldest_age = Gauge("backend_change_log_oldest_age_seconds",
                               "age of the oldest entry of the change log (0 when empty)", registry=REGISTRY)
 janitor_deletions = Counter("backend_janitor_deletions", "expired tasks deleted with their files", registry=REGISTRY)
-config_reloads = Counter("backend_config_reloads", "reloads of the config file, by outcome (applied, refused)",
-                         ("outcome",), registry=REGISTRY)
 operator_actions = Counter("backend_operator_actions", "operator recovery actions, by action and outcome",
                            ("action", "outcome"), registry=REGISTRY)
 
@@ -78,7 +78,7 @@ def seed(export_types: Iterable[str], worker_count: int) -> None:
     for outcome in CALLBACK_OUTCOMES:
         callbacks.labels(outcome)
     tasks_released.labels("disk_full")
-    for outcome in ("applied", "refused"):
+    for outcome in ("applied", "refused", "refused_removals"):
         config_reloads.labels(outcome)
 
 

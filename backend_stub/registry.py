@@ -1,9 +1,9 @@
-"""The export types in force: one registry, owned by the backend, reloaded from its file without a restart.
+"""The export types in force: one registry, owned by the backend, swapped whole when its file changes.
 
-`Registry` holds the types and the callback allow-list in force and swaps them whole when
-backend.yaml changes (file events, SIGHUP): a file that does not validate is refused, logged
-with every problem and its line, and the registry in force keeps serving. Settings that a
-reload cannot apply (ports, stores, workers) are named in a warning and wait for a restart.
+`Registry` holds the types and the callback allow-list in force; `read` makes a new one from
+backend.yaml and `apply` puts it in force (backend_stub.reload decides when: file events,
+SIGHUP, POST /internal/reload, and refuses a file that does not validate or removes types).
+Settings a reload cannot apply (ports, stores, workers) are named and wait for a restart.
 
 Each type's definition is kept as written in the file (`${ENV}` references unexpanded, so
 no secret is in it) under the digest of its canonical JSON. A task records the digest when
@@ -22,17 +22,13 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
-
-import yaml
 
 from backend_stub import metrics
 from backend_stub.config import BackendConfig, ExportTypeConfig
 from backend_stub.store import TaskStore
 from backend_stub.type_view import public_type
-from exports_common import dev_mode
-from exports_common.config_loader import ConfigError, interpolate, load_model
+from exports_common.config_loader import ConfigError, interpolate, load_model, read_yaml
 from exports_common.netpolicy import AddressPolicy
 
 log = logging.getLogger("backend.registry")
@@ -51,8 +47,8 @@ def written_types(path: str | None, config: BackendConfig) -> dict[str, dict[str
     raw: Any = None
     if path is not None:
         try:
-            raw = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError):
+            raw = read_yaml(path)  # within the loader's bounds on size and aliases
+        except ConfigError:
             raw = None
     blocks = raw.get("export_types") if isinstance(raw, dict) else None
     if isinstance(blocks, dict) and set(blocks) == set(config.export_types):
@@ -145,29 +141,19 @@ class Registry:
         self._parsed[digest] = spec
         return spec
 
-    def reload(self) -> list[str]:
-        """Read the file again and apply its types and callback allow-list; the problems that refused it, if any."""
-        if not self.path:
-            return ["the backend was started without a config file"]
-        try:
-            config = load_model(self.path, BackendConfig)
-        except ConfigError as exc:
-            log.error("config reload refused; the export types in force keep serving", extra={"problems": exc.problems})
-            metrics.config_reloads.labels("refused").inc()
-            return exc.problems
-        unsafe = [] if dev_mode.dev_mode() else config.unsafe_defaults()
-        if unsafe:
-            log.error("config reload refused outside dev mode; the export types in force keep serving",
-                      extra={"problems": unsafe})
-            metrics.config_reloads.labels("refused").inc()
-            return unsafe
-        snapshot = Snapshot.of(config, self.path)
+    def read(self) -> tuple[BackendConfig, Snapshot]:
+        """The file as it is now, and the registry it makes; blocking (reads and validates), so callers run it off
+        the event loop. Raises ConfigError when the file does not validate."""
+        assert self.path is not None, "a registry read from a file"
+        config = load_model(self.path, BackendConfig)
+        return config, Snapshot.of(config, self.path)
+
+    def apply(self, config: BackendConfig, snapshot: Snapshot) -> list[str]:
+        """Put `snapshot` in force (the types and the callback allow-list); the settings of `config` that differ
+        from the start and wait for a restart."""
         restart = config.restart_required(self._started_file)
-        if restart:
-            log.warning("config reloaded, but these settings keep their value from the start until a restart",
-                        extra={"restart_required": restart})
         if snapshot == self.current:
-            return []
+            return restart
         for warning in config.load_warnings():
             log.warning("config reloaded with a warning", extra={"warning": warning})
         added = sorted(set(snapshot.types) - set(self.current.types))
@@ -176,9 +162,8 @@ class Registry:
                          and snapshot.digests[n] != self.current.digests[n])
         self.current = snapshot
         metrics.seed(snapshot.types, self.config.workers)
-        metrics.config_reloads.labels("applied").inc()
         for listener in self._listeners:
             listener(snapshot)
         log.info("export types reloaded", extra={"added": added, "removed": removed, "changed": changed,
                                                  "types": len(snapshot.types)})
-        return []
+        return restart

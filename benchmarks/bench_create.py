@@ -12,18 +12,19 @@ from pathlib import Path
 from benchmarks import wrk
 from benchmarks.harness import processes
 from tests.conftest import backend_config, synthetic_type
-from tests.procs import RedisServer
+from tests.procs import SERVICE_TOKEN, RedisServer
 
-LUA = """
+LUA = f"""
 wrk.method = "POST"
-wrk.body = '{"export_type": "tiny_export"}'
+wrk.body = '{{"export_type": "tiny_export"}}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["X-Tenant-Id"] = "bench"
+wrk.headers["Authorization"] = "Bearer {SERVICE_TOKEN}"
 local chars = "0123456789abcdefghijklmnopqrstuvwxyz"
 local counter = 0
 request = function()
   counter = counter + 1
-  local s = {}
+  local s = {{}}
   for i = 1, 20 do local r = math.random(1, 36); s[i] = chars:sub(r, r) end
   wrk.headers["X-Task-Id"] = "exp-20261129-" .. table.concat(s)
   return wrk.format()

@@ -16,6 +16,7 @@ from backend_stub.datasets import DATASETS
 from benchmarks.harness import processes
 from exports_common.task_ids import new_task_id
 from tests.conftest import backend_config, synthetic_type
+from tests.procs import backend_headers
 
 
 def bare_loop(rows: int, seed: int, path: str) -> float:
@@ -40,11 +41,11 @@ def main() -> None:
         task_id = new_task_id()
         started = time.perf_counter()
         httpx.post(f"{backend.url}/exports", json={"export_type": "bench_export"},
-                   headers={"X-Task-Id": task_id, "X-Tenant-Id": "bench"}).raise_for_status()
+                   headers=backend_headers("bench", **{"X-Task-Id": task_id})).raise_for_status()
         peak = idle_rss
         while True:
             peak = max(peak, backend.rss_bytes())
-            data = httpx.get(f"{backend.url}/exports/{task_id}").json()["data"]
+            data = httpx.get(f"{backend.url}/exports/{task_id}", headers=backend_headers("bench")).json()["data"]
             if data["status"] not in ("PENDING", "RUNNING"):
                 break
             time.sleep(0.02)

@@ -45,7 +45,7 @@ from exports_client.polling import PollPlan
 from gateway.plugins.status_cache import poll_interval
 from gateway.tenants import hash_key
 from tests.conftest import RAISED_LIMITS, backend_config, gateway_config
-from tests.procs import Service, wait_until
+from tests.procs import Service, backend_headers, wait_until
 
 TENANTS = [f"t{i}" for i in range(5)]
 KEYS = {t: f"bench-key-{t}-0123456789" for t in [*TENANTS, "holder"]}
@@ -205,8 +205,9 @@ def run(mode: str, workdir: Path, per_tenant: int) -> dict[str, Any]:
             return str(resp.json()["data"]["task_id"])
 
         holders = [submit("holder", "hold_export") for _ in range(WORKERS)]
-        wait_until(lambda: all(httpx.get(f"{backend.url}/exports/{h}").json()["data"]["status"] == "RUNNING"
-                               for h in holders), 30, what="the holders to take every worker")
+        as_holder = backend_headers("holder")
+        wait_until(lambda: all(httpx.get(f"{backend.url}/exports/{h}", headers=as_holder).json()["data"]["status"]
+                               == "RUNNING" for h in holders), 30, what="the holders to take every worker")
         submitted = time.time()
         tasks = {t: [submit(t, "watched_export") for _ in range(TASKS_PER_TENANT)] for t in TENANTS}
         assert gateway.proc is not None
@@ -233,7 +234,7 @@ def run(mode: str, workdir: Path, per_tenant: int) -> dict[str, Any]:
         client.stdin.flush()
         requests_before, cpu_before = backend_requests(backend), cpu_seconds(pid)
         for holder in holders:
-            httpx.post(f"{backend.url}/exports/{holder}/cancel")
+            httpx.post(f"{backend.url}/exports/{holder}/cancel", headers=backend_headers("holder"))
         result = json.loads(client.stdout.readline())
         active_sec = time.time() - since
         result.update(

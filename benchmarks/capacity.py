@@ -28,7 +28,7 @@ import redis
 
 from benchmarks.harness import AUTH, Processes
 from tests.conftest import backend_config, gateway_config, synthetic_type
-from tests.procs import RedisClusterServers, RedisServer, S3Server, Service, wait_until
+from tests.procs import RedisClusterServers, RedisServer, S3Server, Service, backend_headers, wait_until
 
 API = "/api/v1/exports"
 
@@ -114,9 +114,9 @@ def main() -> None:
                 client.post(API, json={"export_type": "report_export"}).json()["data"]["task_id"] for _ in range(n)))
 
             def complete() -> None:
-                httpx.post(f"{backend.url}/exports/{hold}/cancel", timeout=10)
-                wait_until(lambda: all(httpx.get(f"{backend.url}/exports/{i}").json()["data"]["status"] == "COMPLETED"
-                                       for i in ids[-1:]), 60, interval=0.2)
+                httpx.post(f"{backend.url}/exports/{hold}/cancel", headers=backend_headers("demo"), timeout=10)
+                wait_until(lambda: all(httpx.get(f"{backend.url}/exports/{i}", headers=backend_headers("demo")).json()
+                                       ["data"]["status"] == "COMPLETED" for i in ids[-1:]), 60, interval=0.2)
             done = measure(meter, complete)  # includes the wait's own reads of one task, every 0.2 s
             miss = measure(meter, lambda: [client.get(f"{API}/{i}") for i in ids])
             hit = measure(meter, lambda: [client.get(f"{API}/{i}") for i in ids])

@@ -13,6 +13,7 @@ from typing import Any
 from exports_client.errors import WebhookVerificationError
 
 TOLERANCE_SEC = 300
+MAX_TIMESTAMP_DIGITS = 12  # Unix seconds until the year 33658
 
 
 def _key(secret: str) -> bytes:
@@ -38,10 +39,11 @@ def verify_webhook(secret: str, headers: Mapping[str, str], body: bytes | str, *
     msg_id, stamp, offered = (lower.get(h) for h in ("webhook-id", "webhook-timestamp", "webhook-signature"))
     if not (msg_id and stamp and offered):
         raise WebhookVerificationError("missing webhook-id, webhook-timestamp or webhook-signature")
-    try:
-        timestamp = int(stamp)
-    except ValueError as exc:
-        raise WebhookVerificationError("webhook-timestamp is not an integer") from exc
+    # unauthenticated input: at most 12 ASCII digits (int() would take "+1_0", other scripts' digits, and a
+    # number too large to subtract from a float, which raises OverflowError)
+    if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= MAX_TIMESTAMP_DIGITS):
+        raise WebhookVerificationError("webhook-timestamp is not a Unix time in whole seconds")
+    timestamp = int(stamp)
     skew = (time.time() if now is None else now) - timestamp
     if abs(skew) > tolerance_sec:
         raise WebhookVerificationError(f"the timestamp is {abs(skew):.0f} s {'old' if skew > 0 else 'ahead'}; "

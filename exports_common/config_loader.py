@@ -21,6 +21,10 @@ from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 M = TypeVar("M", bound=BaseModel)
 Loc = tuple[str | int, ...]
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# A config is a few KB: these bound what a hostile or mistaken file can cost to load (the
+# nodes counted after alias expansion, as a YAML alias bomb multiplies them)
+MAX_FILE_BYTES = 1 << 20
+MAX_NODES = 10_000
 
 
 class ConfigError(Exception):
@@ -78,17 +82,95 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def load_model(path: str | Path, model: type[M]) -> M:
-    source = str(path)
+def _read(path: str | Path, source: str) -> str:
+    """The file's text, refused past MAX_FILE_BYTES before more than that is read."""
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(source, [f"cannot read the file: {exc.strerror}"]) from exc
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(source, [f"the file is larger than {MAX_FILE_BYTES} bytes (1 MiB): a config is far "
+                                   f"smaller; is this the right file?"])
     try:
-        raw = yaml.safe_load(text) or {}
-        root = yaml.compose(text)
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source, [f"not UTF-8 text: {exc}"]) from exc
+
+
+class _Cycle(Exception):
+    """An alias inside the node it names."""
+
+
+def expanded_size(root: yaml.Node, limit: int) -> int | None:
+    """How many nodes the document has once every alias is expanded (a node an alias names counts again at
+    each use), or None past `limit`, or when an alias refers to a node that contains it (no finite size).
+
+    Composing keeps an alias as a reference to its anchored node, so this walk costs the
+    file's own node count however far aliases would multiply it (a "billion laughs" file
+    of a few KB expands to billions); only a document under the limit is then built.
+    """
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_:
+            raise _Cycle
+        open_.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children: list[yaml.Node] = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            children = []
+        for child in children:
+            total += size(child)
+            if total > limit:
+                break
+        open_.discard(key)
+        sizes[key] = total = min(total, limit + 1)
+        return total
+
+    try:
+        found = size(root)
+    except _Cycle:
+        return None
+    return found if found <= limit else None
+
+
+def parse(text: str, source: str) -> tuple[Any, yaml.Node | None]:
+    """The YAML document and its node tree (for line numbers), refused past MAX_NODES nodes after aliases."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return {}, None
+        if expanded_size(root, MAX_NODES) is None:
+            raise ConfigError(source, [f"the YAML has more than {MAX_NODES} values once its aliases (*name) are "
+                                       f"expanded, or an alias that contains itself: write the values out"])
+        return loader.construct_document(root), root
     except yaml.YAMLError as exc:
         raise ConfigError(source, [f"not valid YAML: {exc}"]) from exc
+    except RecursionError:
+        raise ConfigError(source, ["the YAML is nested too deeply"]) from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The file's YAML document, within the bounds on its size and on its aliases' expansion (blocking)."""
+    return parse(_read(path, str(path)), str(path))[0]
+
+
+def load_model(path: str | Path, model: type[M]) -> M:
+    """The file as a `model`. Blocking (reads and validates): the running processes call it off their event loop."""
+    source = str(path)
+    raw, root = parse(_read(path, source), source)
+    raw = raw or {}
     if not isinstance(raw, dict):
         raise ConfigError(source, ["the top level must be a mapping"])
     missing: list[str] = []

@@ -48,7 +48,7 @@ def refusal(policy: str, quota: Quota, decision: Decision, who: str) -> GatewayR
 async def check_address(services: Services, scope: Scope) -> GatewayResponse | None:
     """The per-address limit for a request no tenant answers for: its 429 over the limit, else None."""
     limits = services.tenants.limits
-    address = client_address(scope)
+    address = client_address(scope, services.trusted_proxies)
     decision = await services.limiter.hit(f"addr:{address}", "address", limits.per_address,
                                           limits.gateway_processes)
     if decision.allowed:

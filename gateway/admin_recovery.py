@@ -39,7 +39,7 @@ _ACTIONS = [  # the admin API's path, its method, the action's name, the backend
 
 
 class AdminRecovery:
-    def __init__(self, services: Callable[[], Services], require_admin: Callable[[Request], None],
+    def __init__(self, services: Callable[[], Services], require_admin: Callable[[Request], Awaitable[None]],
                  upstream: Callable[[], str]) -> None:
         self.services = services
         self.require_admin = require_admin
@@ -51,7 +51,7 @@ class AdminRecovery:
 
     def _forward(self, action: str, route: str, path: str) -> Endpoint:
         async def endpoint(request: Request) -> Response:
-            self.require_admin(request)
+            await self.require_admin(request)
             services = self.services()
             # traced as a request to the gateway is, so that what it causes (a re-run's export) links back to it
             with services.tracing.server(request.method, route, action, request.headers,
@@ -73,7 +73,7 @@ class AdminRecovery:
                            if k in ("tenant", "status", "limit", "cursor")])
         url = upstream.url + path.format(**request.path_params) + (f"?{query}" if query else "")
         body = None
-        headers = [("accept", "application/json")]
+        headers = [("accept", "application/json"), *upstream.auth]
         if request.method == "POST":
             body = await read_limited(request.stream(), MAX_BODY, request.headers.get("content-length"))
             headers.append(("content-type", request.headers.get("content-type", "application/json")))

@@ -44,6 +44,10 @@ from gateway.refusal_hold import HoldSettings
 from gateway.tenants import Limits, TenantLimits
 from gateway.upstream import DEFAULT_MAX_ANSWER_BYTES
 
+# plugins whose removal from a route takes a check away, besides the gatekeepers (auth, rate_limit, task_id)
+CHECKS = frozenset({"signed_download", "validate", "list_query"})
+MIN_ADMIN_TOKEN = 32  # outside dev mode: a guessed token is the whole admin API
+
 # read once at start (the server, the Redis client and stores, tracing, the upstream client's pool): a reload
 # that changes one applies everything else and says which of these wait for a restart
 RESTART_ONLY = ("host", "port", "log_level", "max_header_bytes", "connection_limits", "redis_url", "redis_prefix",
@@ -61,9 +65,9 @@ def plugin_of(entry: PluginUse) -> tuple[str, BaseModel]:
 
 
 def providers(field: str, methods: tuple[str, ...]) -> list[str]:
-    """The usable plugins that provide `field` (with their default settings, where they have defaults)."""
+    """The loaded plugins that provide `field` (with their default settings, where they have defaults)."""
     found = []
-    for plugin in registry().usable():
+    for plugin in registry().active():
         try:
             contract = plugin.contract(plugin.Settings(), methods)
         except ValidationError:  # settings it cannot go without: what it provides whatever they are
@@ -160,6 +164,13 @@ class UpstreamConfig(Strict):
                           "policy.circuit_breaker); none: no breaker")
     change_feed: ChangeFeedConfig | None = Field(
         default_factory=ChangeFeedConfig, description="the feed event streams follow; none: poll watched tasks")
+    service_token: str = Field("", description=(
+        "sent as 'Authorization: Bearer <token>' on every call to this upstream: the export backend's "
+        "service_token (the shipped config reads EXPORT_BACKEND_TOKEN); empty: none. Only upstreams that are "
+        "export backends get it"))
+
+    def auth_headers(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.service_token}"),) if self.service_token else ()
 
     @model_validator(mode="after")
     def _one_way_to_name_endpoints(self) -> UpstreamConfig:
@@ -374,6 +385,9 @@ class GatewayConfig(Strict):
             problems.append("public_base_url is empty: set GATEWAY_PUBLIC_URL to the URL clients reach the gateway at")
         if self.admin_token == dev_mode.DEV_ADMIN_TOKEN:
             problems.append("admin_token is the published default: set GATEWAY_ADMIN_TOKEN to a random secret")
+        elif len(self.admin_token) < MIN_ADMIN_TOKEN:
+            problems.append(f"admin_token has {len(self.admin_token)} characters, fewer than {MIN_ADMIN_TOKEN}: set "
+                            f"GATEWAY_ADMIN_TOKEN to {MIN_ADMIN_TOKEN}+ random characters (openssl rand -base64 32)")
         if dev_mode.DEV_SIGNING_SECRET in self.download_signing.secrets:
             problems.append("download_signing.secrets holds the published dev secret: set DOWNLOAD_SIGNING_SECRET "
                             "(the same value in the backend's config)")
@@ -382,6 +396,43 @@ class GatewayConfig(Strict):
                 problems.append(f"tenants.{tenant} accepts a published demo API key: replace its api_key_hashes "
                                 "(python -m gateway hash-key <new key>)")
         return problems
+
+    def removals(self, running: GatewayConfig) -> list[str]:
+        """What this config takes away from `running`: its routes, and plugins of routes it keeps.
+
+        A file caught half-written (truncated mid-save) reads as a valid config with less in it:
+        a reload from the watcher or SIGHUP refuses these, and an operator applies them on purpose.
+        """
+        routes = {route.name: route for route in self.routes}
+        removed = [f"route {old.name}" for old in running.routes if old.name not in routes]
+        for old in running.routes:
+            if old.name in routes:
+                kept = {entry.name for entry in routes[old.name].plugins}
+                removed += [f"plugin {entry.name} of route {old.name}" for entry in old.plugins
+                            if entry.name not in kept]
+        return removed
+
+    def weakenings(self, running: GatewayConfig) -> list[str]:
+        """The security settings this config weakens, compared with `running`, one sentence each."""
+        weaker = []
+        if running.metrics_auth == "admin_token" and self.metrics_auth == "none":
+            weaker.append("metrics_auth: admin_token -> none (/metrics answers without the admin token)")
+        routes = {route.name: route for route in self.routes}
+        for old in running.routes:
+            new = routes.get(old.name)
+            if new is None:
+                continue
+            kept = {entry.name: entry for entry in new.plugins}
+            for entry in old.plugins:
+                if entry.name not in kept and (registry().get(entry.name).gatekeeper or entry.name in CHECKS):
+                    weaker.append(f"routes.{old.name}: {entry.name} removed (requests pass without its check)")
+                elif (entry.name == "auth" and entry.name in kept and getattr(entry.settings, "required", True)
+                      and not getattr(kept[entry.name].settings, "required", True)):
+                    weaker.append(f"routes.{old.name}: auth.required true -> false (anonymous requests pass)")
+        widened = [net for net in self.trusted_proxies if net not in running.trusted_proxies]
+        if widened:
+            weaker.append(f"trusted_proxies: {', '.join(widened)} added (their forwarding headers are believed)")
+        return weaker
 
     def restart_required(self, running: GatewayConfig) -> list[str]:
         """The paths of settings that differ from `running`'s but are read only at start."""

@@ -305,7 +305,8 @@ async def _fetch(runtime: Runtime) -> ExportTypes | None:
         # and reads the answer whole within ten
         timeouts = Timeouts(connect=min(upstream.timeouts.connect, 2.0), read=min(upstream.timeouts.read, 5.0),
                             deadline=time.monotonic() + FETCH_DEADLINE_SEC)
-        resp = await runtime.services.client.request("GET", upstream.url + route.rewrite, [], None, timeouts)
+        resp = await runtime.services.client.request("GET", upstream.url + route.rewrite, list(upstream.auth), None,
+                                                     timeouts)
         body = json.loads(await resp.read())
         items = body["data"]["items"] if resp.status == 200 else None
     except (UpstreamError, ValueError, KeyError, TypeError) as exc:

@@ -6,13 +6,11 @@ reload they describe the new config.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hmac
 import json
 import os
 import socket
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from redis.exceptions import RedisError
 from starlette.requests import Request
@@ -21,14 +19,36 @@ from starlette.routing import Route
 
 from exports_common.envelope import ok
 from exports_common.errors import ApiError, ErrorKind
-from gateway import openapi, policy, telemetry
+from gateway import openapi, plugin_hooks, policy, telemetry
 from gateway.address_limit import check_address
+from gateway.admin_auth import AdminAuth
 from gateway.admin_recovery import AdminRecovery
-from gateway.plugin_registry import registry
 from gateway.response import GatewayResponse
 from gateway.wiring import RuntimeHolder
 
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+
+
+def mask_url(value: str) -> str:
+    """A URL with the password in its user part replaced by *** (`redis://:***@host:6379/0`)."""
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return value
+    if not parts.scheme or parts.password is None:
+        return value
+    user, _, host = parts.netloc.rpartition("@")
+    name = user.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{name}:***@{host}"))
+
+
+def masked_urls(value: Any) -> Any:
+    """`value` (a config as JSON) with every URL's password masked, wherever the URL is."""
+    if isinstance(value, dict):
+        return {k: masked_urls(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked_urls(v) for v in value]
+    return mask_url(value) if isinstance(value, str) and "@" in value else value
 
 
 def is_ops_path(path: str) -> bool:
@@ -39,6 +59,7 @@ class OpsEndpoints:
     def __init__(self, holder: RuntimeHolder) -> None:
         self.holder = holder
         self.export_types = openapi.ExportTypesSource()
+        self.admin_auth = AdminAuth()
 
     def routes(self) -> list[Route]:
         return [
@@ -53,12 +74,9 @@ class OpsEndpoints:
             *AdminRecovery(lambda: self.holder.runtime.services, self.require_admin, self._recovery_upstream).routes(),
         ]
 
-    def require_admin(self, request: Request) -> None:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        expected = self.holder.runtime.config.admin_token
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
-            raise ApiError(ErrorKind.UNAUTHORIZED, "send the admin token as 'Authorization: Bearer <token>'",
-                           headers={"WWW-Authenticate": 'Bearer realm="admin"'})
+    async def require_admin(self, request: Request) -> None:
+        runtime = self.holder.runtime
+        await self.admin_auth.check(request, runtime.config.admin_token, runtime.services)
 
     async def healthz(self, request: Request) -> Response:
         return ok({"status": "ok"})
@@ -96,20 +114,22 @@ class OpsEndpoints:
     async def metrics(self, request: Request) -> Response:
         runtime = self.holder.runtime
         if runtime.config.metrics_auth == "admin_token":
-            self.require_admin(request)
+            await self.require_admin(request)
         services = runtime.services
-        for plugin in registry().usable():
-            with contextlib.suppress(Exception):  # a store that does not answer leaves the last value read
-                await plugin.before_scrape(services)
+        await plugin_hooks.before_scrape(services)  # a store that does not answer leaves the last value read
         body, content_type = telemetry.prometheus_text(services.metrics)
         return Response(body, media_type=content_type)
 
     async def admin_routes(self, request: Request) -> Response:
-        self.require_admin(request)
+        await self.require_admin(request)
         in_force = self.holder.runtime.config
         config = in_force.model_dump(mode="json", exclude_none=True)
         config["admin_token"] = "***"
         config["download_signing"] = {"secrets": ["***"] * len(config["download_signing"]["secrets"])}
+        for upstream in config["upstreams"].values():
+            if upstream.get("service_token"):
+                upstream["service_token"] = "***"
+        config = masked_urls(config)  # redis_url, upstream URLs, an exporter's endpoint: without their passwords
         for route, shown in zip(in_force.routes, config["routes"], strict=True):
             # the plugins as a request meets them, every setting resolved, then the upstream call: its policy
             # and the breaker it goes through (the upstream's, or the route's own)
@@ -121,24 +141,27 @@ class OpsEndpoints:
         return ok(config)
 
     async def admin_breakers(self, request: Request) -> Response:
-        self.require_admin(request)
+        await self.require_admin(request)
         breakers = self.holder.runtime.services.breakers.by_upstream
         return ok({name: breaker.describe() for name, breaker in breakers.items()})
 
     async def admin_stats(self, request: Request) -> Response:
-        self.require_admin(request)
+        await self.require_admin(request)
         services = self.holder.runtime.services
         stats: dict[str, Any] = {"pid": os.getpid(), **policy.stats(services)}
-        for plugin in registry().usable():  # each plugin reports its own part
-            stats.update(await plugin.stats(services))
+        stats.update(await plugin_hooks.stats(services))  # each plugin reports its own part
         return ok(stats)
 
     async def admin_reload(self, request: Request) -> Response:
-        self.require_admin(request)
-        outcome = await self.holder.reload()
+        await self.require_admin(request)
+        allow = request.query_params.get("allow_removals", "false").lower()
+        if allow not in ("true", "false"):
+            raise ApiError(ErrorKind.VALIDATION, "allow_removals: must be true or false",
+                           data={"field": "allow_removals", "reason": "must be true or false"})
+        outcome = await self.holder.reload("admin", allow_removals=allow == "true")
         if outcome.problems:
             raise ApiError(ErrorKind.VALIDATION, "the new config was refused; the old one keeps serving",
-                           data={"problems": outcome.problems})
+                           data={"problems": outcome.problems, "removals": outcome.removals})
         return ok({"reloaded": True, "routes": len(self.holder.runtime.config.routes),
                    "restart_required": outcome.restart_required})
 

@@ -3,7 +3,8 @@
 A package offers plugins through the entry-point group `export_gateway.plugins`
 (`name = "package.module:Class"` in its pyproject.toml). Discovery reads only the
 installed packages' metadata; a plugin's module is imported when a route first
-names it, so a broken package that no route uses costs nothing. What goes wrong
+names it, so a broken package that no route uses costs nothing, and only the
+plugins loaded run their process-wide hooks. What goes wrong
 (an import that fails, a name a built-in has, a class that is not a plugin) is
 returned as a sentence naming the package and the entry point, for the config
 error, never raised as a traceback.
@@ -94,17 +95,15 @@ class Registry:
             raise KeyError(found)
         return found
 
-    def usable(self) -> list[type[Plugin]]:
-        """Every plugin a route may name: the built-ins, and each installed one that imports and checks out.
+    def active(self) -> list[type[Plugin]]:
+        """The plugins whose hooks run (gateway/plugin_hooks.py): the built-ins, and each installed one a route
+        has named (loaded then); an installed package no route names is never imported."""
+        loaded = [found for name, found in self._loaded.items() if name not in self.builtin]
+        return [*self.builtin.values(), *(plugin for plugin in loaded if not isinstance(plugin, str))]
 
-        The gateway runs the hooks (background work, gauges, stats) of all of them, as it does the built-ins'.
-        """
-        found = (self.resolve(name) for name in self.names())
-        return [plugin for plugin in found if not isinstance(plugin, str)]
-
-    def problems(self) -> list[str]:
-        """Why each unusable name cannot be used (an installed package that is broken or clashes)."""
-        return [found for found in map(self.resolve, self.names()) if isinstance(found, str)]
+    def unloaded(self) -> list[str]:
+        """The installed plugins no route has named so far (not imported)."""
+        return sorted(name for name in self.declared if name not in self._loaded)
 
     def describe(self) -> tuple[list[str], int]:
         """One line per plugin name (where it comes from, or why no route can use it), and how many are unusable."""

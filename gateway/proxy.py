@@ -77,6 +77,7 @@ class Proxy:
         """The try's call, to await (not a coroutine of its own: one frame less per call)."""
         timeouts = self._timeouts(ctx)
         headers = upstream_headers(ctx, self.services.trusted_proxies)
+        headers += self.upstream.auth
         return self.services.client.request(ctx.method, url, headers, body, timeouts)
 
     async def _send_to(self, ctx: RequestContext, endpoint: Endpoint, url: str,

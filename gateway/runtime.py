@@ -47,7 +47,8 @@ def upstreams_of(config: GatewayConfig, metrics: Metrics) -> dict[str, Upstream]
         return FeedSettings(f.path, f.silence_sec, f.reprobe_sec) if f is not None else None
 
     return {
-        name: Upstream(name, pool(name, u), Timeouts(connect=u.timeouts.connect, read=u.timeouts.read), feed(u))
+        name: Upstream(name, pool(name, u), Timeouts(connect=u.timeouts.connect, read=u.timeouts.read), feed(u),
+                       u.auth_headers())
         for name, u in config.upstreams.items()
     }
 

@@ -25,6 +25,8 @@ class Upstream:
     pool: EndpointPool
     timeouts: Timeouts
     feed: FeedSettings | None = None  # its change feed, which event streams follow; None: poll watched tasks
+    # sent on every call the gateway makes to it (its service token), whoever asked for the call
+    auth: tuple[tuple[str, str], ...] = ()
 
     @property
     def url(self) -> str:

@@ -30,6 +30,17 @@ from exports_common.otel import TracingConfig
 from exports_common.workers import METRICS_DIR_ENV
 from gateway.tracing import ServerTrace, Tracing, inject, setup_tracing
 
+_failed_gauges: set[str] = set()
+
+
+def gauge_failed(name: str, exc: Exception) -> None:
+    """A gauge whose read raised: logged the first time (a scrape comes every few seconds), then left out."""
+    if name not in _failed_gauges:
+        _failed_gauges.add(name)
+        logging.getLogger("gateway.metrics").error(
+            f"gauge {name} could not be read; it is left out of /metrics (logged once)",
+            extra={"gauge": name, "error": f"{type(exc).__name__}: {exc}"[:500]}, exc_info=exc)
+
 __all__ = ["Metrics", "ServerTrace", "Tracing", "inject", "prometheus_text", "setup"]
 
 log = logging.getLogger("gateway")
@@ -140,7 +151,11 @@ class _ObservedGauge:
         self.shown: set[tuple[str, ...]] = set()
 
     def refresh(self, registry: CollectorRegistry) -> None:
-        values = list(self.read())
+        try:
+            values = list(self.read())
+        except Exception as exc:  # noqa: BLE001 - a plugin's gauge that fails is left out, not the scrape
+            gauge_failed(self.name, exc)
+            return
         if self.gauge is None:
             if not values and self.declared is None:
                 return
@@ -175,7 +190,11 @@ class Metrics:
                                      "endpoints left out for a while after repeated connect failures")
         self.breaker_transitions = self._tally("gateway_breaker_transitions", ("upstream", "state"),
                                                "circuit breaker state changes, by new state")
-        self.config_reloads = self._tally("gateway_config_reloads", ("outcome",), "config reloads: applied or refused")
+        self.config_reloads = self._tally("gateway_config_reloads", ("outcome",), "config reloads: applied, refused "
+                                          "(invalid or unsafe) or refused_removals (it removed routes or plugins)")
+        self.admin_auth_failures = self._tally("gateway_admin_auth_failures", ("outcome",), "failed admin "
+                                               "authentications: refused (401) or limited (429, too many from an "
+                                               "address)")
         self.operator_actions = self._tally("gateway_operator_actions", ("action", "outcome"),
                                             "operator recovery actions through the admin API")
         self._owned: dict[str, Tally] = {}  # the plugins' own counters, by metric name
@@ -225,8 +244,10 @@ class Metrics:
                 self.upstream_calls.seed(upstream, route, outcome)
             for state in ("open", "half-open", "closed"):
                 self.breaker_transitions.seed(upstream, state)
-        for outcome in ("applied", "refused"):
+        for outcome in ("applied", "refused", "refused_removals"):
             self.config_reloads.seed(outcome)
+        for outcome in ("refused", "limited"):
+            self.admin_auth_failures.seed(outcome)
 
 
 def setup(service_name: str, tracing: TracingConfig) -> tuple[Metrics, Tracing]:

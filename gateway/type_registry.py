@@ -90,7 +90,8 @@ class UpstreamRegistry:
         upstream = services.upstreams.get(self.upstream)
         if upstream is None:  # gone with a reload
             return
-        headers = [("if-none-match", self.learned.etag)] if self.learned and self.learned.etag else []
+        headers = [*upstream.auth, *([("if-none-match", self.learned.etag)] if self.learned and self.learned.etag
+                                     else [])]
         # a registry read waits at most a few seconds, whatever the upstream's own read timeout
         timeouts = Timeouts(connect=min(upstream.timeouts.connect, 2.0), read=min(upstream.timeouts.read, 5.0))
         resp, body = await self._read(services, upstream, headers, timeouts)

@@ -12,12 +12,12 @@ import hashlib
 import logging
 import signal
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Literal
 
 from exports_common import config_watch, dev_mode, otel, periodic
 from exports_common.config_loader import ConfigError, load_model
 from exports_common.signing import DownloadSigner
-from gateway import policy, telemetry
+from gateway import plugin_hooks, policy, telemetry
 from gateway.breakers import Breakers
 from gateway.config import GatewayConfig
 from gateway.http_client import HttpClient
@@ -36,6 +36,12 @@ class Reload:
 
     problems: list[str]
     restart_required: list[str] = field(default_factory=list)
+    # what the refused config would have removed (routes, plugins): applied only on purpose
+    removals: list[str] = field(default_factory=list)
+
+
+# what asked for a reload: the file watcher, SIGHUP, or an operator's POST /admin/reload
+Trigger = Literal["watcher", "sighup", "admin"]
 
 
 class RuntimeHolder:
@@ -69,14 +75,19 @@ class RuntimeHolder:
     async def watch_config(self) -> None:
         if self.config_path:
             async for _ in config_watch.changes(self.config_path):
-                await self.reload()
+                await self.reload("watcher")
 
-    async def reload(self) -> Reload:
-        """Load the config file again; a config that does not validate is refused and the old one kept."""
+    async def reload(self, trigger: Trigger = "admin", allow_removals: bool = False) -> Reload:
+        """Load the config file again; a config that does not validate is refused and the old one kept.
+
+        A config that removes routes or plugins is refused too unless `allow_removals` (an operator's
+        `POST /admin/reload?allow_removals=true`): a file read mid-write looks like one with less in it.
+        """
         if not self.config_path:
             return Reload(["the gateway was started without a config file"])
         try:
-            config = load_model(self.config_path, GatewayConfig)
+            # off the event loop: reading and validating a large file must not stall the requests in flight
+            config = await asyncio.to_thread(load_model, self.config_path, GatewayConfig)
         except ConfigError as exc:
             log.error("config reload refused; the config in force keeps serving", extra={"problems": exc.problems})
             self.runtime.services.metrics.config_reloads.add("refused")
@@ -90,11 +101,24 @@ class RuntimeHolder:
         for warning in config.load_warnings():
             log.warning("config reloaded with a warning", extra={"warning": warning})
         restart = config.restart_required(self._started_file)
-        if config == self.runtime.config:  # the watcher and a SIGHUP or /admin/reload may both see one edit
+        running = self.runtime.config
+        if config == running:  # the watcher and a SIGHUP or /admin/reload may both see one edit
             return Reload([], restart)
+        removed = config.removals(running)
+        if removed and not allow_removals:
+            self.runtime.services.metrics.config_reloads.add("refused_removals")
+            log.error("config reload refused: it removes what the config in force serves, as a file read while "
+                      "it is being written would; the config in force keeps serving. To remove them, write the "
+                      "file whole (a new file renamed over it), then POST /admin/reload?allow_removals=true, or "
+                      "restart", extra={"trigger": trigger, "removals": removed})
+            return Reload([f"removes {what} (apply on purpose with POST /admin/reload?allow_removals=true, or "
+                           f"restart)" for what in removed], removals=removed)
+        for weakened in config.weakenings(running):
+            log.warning("config reload weakens security", extra={"setting": weakened, "trigger": trigger})
         self.apply(build_runtime(config, self.runtime.services))
         self.runtime.services.metrics.config_reloads.add("applied")
-        log.info("config reloaded", extra={"routes": len(config.routes), "config_hash": self.config_hash})
+        log.info("config reloaded", extra={"routes": len(config.routes), "config_hash": self.config_hash,
+                                           "trigger": trigger, "removals": removed})
         if restart:
             log.warning("config reloaded, but these settings keep their value from the start until a restart",
                         extra={"restart_required": restart})
@@ -105,8 +129,7 @@ class RuntimeHolder:
         services.metrics.observe_gauge("gateway_config_info", "the config in force: its hash (1 while it serves)",
                                        lambda: [(1.0, {"hash": self.config_hash})])
         policy.observe(services)
-        for plugin in registry().usable():
-            plugin.observe(services)
+        plugin_hooks.observe(services)
 
 
 def open_services(config: GatewayConfig) -> Services:
@@ -133,22 +156,22 @@ def upstream_client(config: GatewayConfig) -> HttpClient:
 async def running(holder: RuntimeHolder) -> AsyncIterator[None]:
     """From start to shutdown: services open, the first Runtime in force, reload triggers armed."""
     services = open_services(holder.initial_config)
-    for problem in registry().problems():  # said once at start; a route naming it is refused with the same words
-        log.warning("an installed plugin cannot be used", extra={"problem": problem})
+    if unloaded := registry().unloaded():  # a broken package no route names costs nothing: it is not imported
+        log.info("installed plugins no route names are not loaded", extra={"plugins": unloaded})
     holder.observe(services)
     holder.apply(build_runtime(holder.initial_config, services))
     # what start-up built (modules, config, plugin chains) lives as long as the process: kept out of every
     # later collection, so that a full one walks only what requests left, which shortens the pauses in p99
     gc.freeze()
     # the plugins' background work (the outbox's drainer) runs on whatever services are in force
-    background = [work for plugin in registry().usable() for work in plugin.background(lambda: holder.runtime.services)]
+    background = plugin_hooks.background(lambda: holder.runtime.services)
     # one of several workers (run --workers N): its gauges written for whichever worker is scraped
     if telemetry.multiprocess_dir() is not None:
         background.append(services.metrics.refresh_gauges_forever())
     reloads: set[asyncio.Task[Reload]] = set()  # held until done: the loop keeps tasks weakly
 
     def on_sighup() -> None:
-        reloads.add(reload := asyncio.create_task(holder.reload()))
+        reloads.add(reload := asyncio.create_task(holder.reload("sighup")))
         reload.add_done_callback(reloads.discard)
 
     with contextlib.suppress(NotImplementedError, RuntimeError):

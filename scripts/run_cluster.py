@@ -48,10 +48,16 @@ S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "cluster-access-key", "AWS_SECRET_ACCESS_
 # Redis always wants a password: without one, Redis 7 refuses every client but loopback ones (protected
 # mode), which is every other container. compose.yaml takes it from the environment, required.
 LOCAL_REDIS_PASSWORD = "cluster-redis-password"
+# The backends answer only the gateways, which send this token (BACKEND_SERVICE_TOKEN, required by compose.yaml)
+LOCAL_SERVICE_TOKEN = "cluster-service-token-for-a-local-trial-only"
 # moto keeps every object in memory until it is deleted: results expire after an hour (the shortest
 # task TTL the contract allows) rather than a day, so a long trial's memory stays bounded
 RESULT_TTL_SEC = 3600
 LOOPBACK = ["127.0.0.0/8", "::1/128"]
+# where nginx connects to the gateways from: here, loopback's first address; in compose, the project's network
+# (a private range docker picks); only these may say through X-Forwarded-For who the client is
+LB_ADDRESSES: dict[Hosts, list[str]] = {"local": ["127.0.0.1/32"],
+                                        "compose": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]}
 
 
 @dataclass(frozen=True)
@@ -72,14 +78,16 @@ def _backend(name: str, port: int) -> Node:
     return Node(name, "backend", port, {
         "REDIS_URL": "redis://:{redis_password}@{redis}/0", "RESULT_STORE_URL": f"s3://{BUCKET}/results",
         "AWS_ENDPOINT_URL": "http://{s3}", **S3_CREDENTIALS, "TASK_TTL_SEC": str(RESULT_TTL_SEC),
-        "BACKEND_DATA_DIR": f"{{data}}/{name}", "GATEWAY_PUBLIC_URL": "http://{lb}", **TRIAL,
+        "BACKEND_DATA_DIR": f"{{data}}/{name}", "GATEWAY_PUBLIC_URL": "http://{lb}",
+        "BACKEND_SERVICE_TOKEN": "{service_token}", **TRIAL,
     }, after=("redis", "s3"))
 
 
 def _gateway(name: str, port: int) -> Node:
     return Node(name, "gateway", port, {
         "REDIS_URL": "redis://:{redis_password}@{redis}/0", "GATEWAY_PUBLIC_URL": "http://{lb}",
-        "GATEWAY_STATE_DIR": f"{{data}}/{name}", "BACKEND_URLS": "http://{b1},http://{b2}", **TRIAL,
+        "GATEWAY_STATE_DIR": f"{{data}}/{name}", "BACKEND_URLS": "http://{b1},http://{b2}",
+        "EXPORT_BACKEND_TOKEN": "{service_token}", **TRIAL,
     }, after=("redis", "b1", "b2"))
 
 
@@ -112,10 +120,20 @@ def redis_password(hosts: Hosts) -> str:
     return password
 
 
+def service_token(hosts: Hosts) -> str:
+    if hosts == "local":
+        return os.environ.get("BACKEND_SERVICE_TOKEN") or LOCAL_SERVICE_TOKEN
+    token = os.environ.get("BACKEND_SERVICE_TOKEN", "")
+    if not token:
+        raise SystemExit("BACKEND_SERVICE_TOKEN is not set: compose.yaml passes it to every node")
+    return token
+
+
 def resolved_env(node: Node, hosts: Hosts) -> dict[str, str]:
     addresses = {name: address(name, hosts) for name in NODES}
     secret = quote(redis_password(hosts), safe="")
-    return {key: value.format(data=DATA_DIR, redis_password=secret, **addresses) for key, value in node.env.items()}
+    return {key: value.format(data=DATA_DIR, redis_password=secret, service_token=service_token(hosts), **addresses)
+            for key, value in node.env.items()}
 
 
 def _allow_loopback_callbacks(config: dict[str, Any], path: list[str]) -> None:
@@ -132,6 +150,8 @@ def _gateway_config(node: Node, env: dict[str, str], hosts: Hosts, workdir: Path
     exports.pop("url", None)
     exports["endpoints"] = env["BACKEND_URLS"].split(",")
     exports["balance"] = "least_requests"
+    # nginx in front: its X-Forwarded-For names each client, so per-address limits count clients, not nginx
+    config["trusted_proxies"] = LB_ADDRESSES[hosts]
     if hosts == "local":
         for route in config["routes"]:
             for plugin in route.get("plugins", []):
@@ -309,7 +329,9 @@ def compose() -> dict[str, Any]:
         service: dict[str, Any] = {
             "build": ".", "image": "export-gateway:local",
             "command": ["python", "scripts/run_cluster.py", "node", node.name, "--hosts", "compose"],
-            "environment": {"REDIS_PASSWORD": "${REDIS_PASSWORD:?set REDIS_PASSWORD to a long random string}"},
+            "environment": {
+                "REDIS_PASSWORD": "${REDIS_PASSWORD:?set REDIS_PASSWORD to a long random string}",
+                "BACKEND_SERVICE_TOKEN": "${BACKEND_SERVICE_TOKEN:?set it to 32+ random characters}"},
             "restart": "unless-stopped",
             "healthcheck": {"test": ["CMD", "python", "scripts/run_cluster.py", "check", node.name, "--hosts",
                                      "compose"], **HEALTHCHECK},

@@ -8,6 +8,7 @@ others and exits non-zero.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -80,7 +81,7 @@ def banner(gateway_url: str, backend_url: str, slow_url: str, admin: str) -> str
     return f"""
 Export gateway is up (DEV MODE).
   gateway:  {gateway_url}   (public API under /api/v1/exports, /metrics, /admin/*)
-  backend:  {backend_url}
+  backend:  {backend_url}   (only the gateway may call it: it sends the service token)
   slow report service:  {slow_url} (export type slow_report wraps it: one call per task, about 5 s)
   demo API keys:  demo -> demo-key-change-me    demo2 -> demo2-key-change-me
   admin token:    {admin}
@@ -129,6 +130,9 @@ def run(env: dict[str, str], started: list[subprocess.Popen[bytes]]) -> int:
 def main() -> int:
     # dev mode: the published demo secrets are accepted, which no exposed process may do
     env = dict(os.environ, EXPORTS_DEV="1")
+    # the backend answers only its gateway: one token for this run, given to both (unless one is set)
+    token = env.get("BACKEND_SERVICE_TOKEN") or env.get("EXPORT_BACKEND_TOKEN") or secrets.token_urlsafe(32)
+    env["BACKEND_SERVICE_TOKEN"] = env["EXPORT_BACKEND_TOKEN"] = token
     started: list[subprocess.Popen[bytes]] = []
     try:
         return run(env, started)

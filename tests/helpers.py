@@ -8,23 +8,28 @@ import httpx
 
 from exports_common.contract import TERMINAL
 from exports_common.task_ids import new_task_id
-from tests.procs import wait_until
+from tests.procs import backend_headers, wait_until
 
 
 def backend_create(url: str, body: dict[str, Any], tenant: str = "t1", task_id: str | None = None) -> httpx.Response:
     return httpx.post(f"{url}/exports", json=body, timeout=10,
-                      headers={"X-Task-Id": task_id or new_task_id(), "X-Tenant-Id": tenant})
+                      headers=backend_headers(tenant, **{"X-Task-Id": task_id or new_task_id()}))
 
 
-def backend_task(url: str, task_id: str, tenant: str | None = None) -> dict[str, Any]:
-    headers = {"X-Tenant-Id": tenant} if tenant else {}
-    resp = httpx.get(f"{url}/exports/{task_id}", headers=headers, timeout=10)
+def backend_task(url: str, task_id: str, tenant: str = "t1") -> dict[str, Any]:
+    """A task as its backend reads it (as the gateway asks: with the service token and the tenant)."""
+    resp = httpx.get(f"{url}/exports/{task_id}", headers=backend_headers(tenant), timeout=10)
     resp.raise_for_status()
     return resp.json()["data"]
 
 
 def wait_status(url: str, task_id: str, statuses: Collection[str] = TERMINAL, timeout: float = 20.0,
-                path: str = "/exports/", headers: dict[str, str] | None = None) -> dict[str, Any]:
+                path: str = "/exports/", headers: dict[str, str] | None = None, tenant: str = "t1") -> dict[str, Any]:
+    """Poll a task until it reaches one of `statuses`: on a backend (the default path) as `tenant`'s, with the
+    service token, unless `headers` name the tenant; on a gateway (its API path) with `headers` alone."""
+    if path == "/exports/":
+        headers = backend_headers(tenant) | (headers or {})
+
     def check() -> dict[str, Any] | None:
         resp = httpx.get(f"{url}{path}{task_id}", headers=headers or {}, timeout=10)
         data = resp.json()["data"] if resp.status_code == 200 else None

@@ -6,6 +6,7 @@ import functools
 import itertools
 import os
 import random
+import secrets
 import shutil
 import signal
 import socket
@@ -19,6 +20,18 @@ import httpx
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+# The backend answers only callers with its service token. Every process started here gets it from the
+# environment: a backend as BACKEND_SERVICE_TOKEN, a gateway's upstreams as EXPORT_BACKEND_TOKEN.
+SERVICE_TOKEN = secrets.token_urlsafe(32)
+SERVICE_TOKEN_ENV = {"BACKEND_SERVICE_TOKEN": SERVICE_TOKEN, "EXPORT_BACKEND_TOKEN": SERVICE_TOKEN}
+
+
+def backend_headers(tenant: str | None = None, **extra: str) -> dict[str, str]:
+    """What a test calling a backend directly sends, as a gateway would: the service token and the tenant."""
+    headers = {"Authorization": f"Bearer {SERVICE_TOKEN}", **extra}
+    if tenant is not None:
+        headers["X-Tenant-Id"] = tenant
+    return headers
 
 
 # Under pytest-xdist each worker hands out ports from a block of its own, below the kernel's ephemeral range
@@ -96,7 +109,7 @@ class Service:
         self.url = f"http://127.0.0.1:{self.port}"
         self.config_path = workdir / f"{name}.yaml"
         self.log_path = workdir / f"{name}.log"
-        self.env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1", **SERVICE_TOKEN_ENV) | (env or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
     def write_config(self) -> None:

@@ -8,7 +8,7 @@ import httpx
 
 from tests.conftest import backend_config, synthetic_type
 from tests.helpers import backend_create, backend_task, wait_status
-from tests.procs import RedisServer, Service, wait_until
+from tests.procs import RedisServer, Service, backend_headers, wait_until
 
 SLOWISH = synthetic_type("orders", 20000, 9, fault={"delay_sec": 2})
 
@@ -29,7 +29,7 @@ def test_sqlite_restart_after_kill_finishes_every_task_once(services: Callable[.
     assert {f["status"] for f in finals.values()} == {"COMPLETED"}
     for task_id in running:
         assert finals[task_id]["attempt"] == 2, "the interrupted attempt counts; the task ran again"
-    listed = httpx.get(f"{backend.url}/exports", params={"tenant": "t1"}).json()["data"]["items"]
+    listed = httpx.get(f"{backend.url}/exports", headers=backend_headers("t1")).json()["data"]["items"]
     assert sorted(t["task_id"] for t in listed) == sorted(ids)
     files = sorted(p.name for p in (tmp_path / "backend-data" / "files").iterdir())
     assert files == sorted(f"{t}.csv" for t in ids), "one final file per task and no partial files"
@@ -50,4 +50,4 @@ def test_redis_other_backend_takes_over_within_lease(services: Callable[..., Ser
     done = wait_status(other.url, task_id, timeout=20)
     assert done["status"] == "COMPLETED" and done["attempt"] == 2
     assert "task started" in other.log() and task_id in other.log()
-    assert httpx.get(f"{other.url}/exports/{task_id}/file").status_code == 200
+    assert httpx.get(f"{other.url}/exports/{task_id}/file", headers=backend_headers()).status_code == 200

@@ -20,7 +20,9 @@ from tests.helpers import (
     backend_task,
     wait_status,
 )
-from tests.procs import RedisServer, Service, load_default, wait_until
+from tests.procs import RedisServer, Service, backend_headers, load_default, wait_until
+
+T1 = backend_headers("t1")
 
 
 @pytest.fixture(scope="module", params=["sqlite", "redis"])
@@ -56,7 +58,7 @@ def test_create_poll_download_matches_filters(backend: Service) -> None:
     result = done["result"]
     assert result["format"] == "csv" and result["download_url"] == f"/exports/{task['task_id']}/file"
 
-    body = httpx.get(f"{backend.url}{result['download_url']}", timeout=30).text
+    body = httpx.get(f"{backend.url}{result['download_url']}", headers=backend_headers(), timeout=30).text
     rows = list(csv.reader(io.StringIO(body)))
     assert rows[0] == list(DATASETS["orders"].columns)
     spec = load_default("backend.yaml")["export_types"]["order_export"]
@@ -72,9 +74,9 @@ def test_jsonl_format_and_range(backend: Service) -> None:
                                            "filters": {"metric": "revenue"}}).json()["data"]["task_id"]
     done = wait_status(backend.url, task_id)
     url = f"{backend.url}/exports/{task_id}/file"
-    lines = httpx.get(url, timeout=30).text.splitlines()
+    lines = httpx.get(url, headers=backend_headers(), timeout=30).text.splitlines()
     assert len(lines) == done["result"]["rows"] and all(json.loads(line)["metric"] == "revenue" for line in lines)
-    part = httpx.get(url, headers={"Range": "bytes=0-9"}, timeout=10)
+    part = httpx.get(url, headers=backend_headers(Range="bytes=0-9"), timeout=10)
     assert part.status_code == 206 and len(part.content) == 10
 
 
@@ -99,18 +101,18 @@ def test_progress_and_steps_while_running_then_cancel_removes_partial_file(backe
     assert any(p.name.startswith(task_id) and p.suffix == ".part" for p in files_dir(backend).iterdir()), (
         list(files_dir(backend).iterdir()))
 
-    resp = httpx.post(f"{backend.url}/exports/{task_id}/cancel", timeout=10)
+    resp = httpx.post(f"{backend.url}/exports/{task_id}/cancel", headers=T1, timeout=10)
     assert resp.status_code == 200 and resp.json()["data"]["status"] == "CANCELLED"
     wait_until(lambda: not any(p.name.startswith(task_id) for p in files_dir(backend).iterdir()), 10,
                what="the partial file to be removed")
-    again = httpx.post(f"{backend.url}/exports/{task_id}/cancel", timeout=10)
+    again = httpx.post(f"{backend.url}/exports/{task_id}/cancel", headers=T1, timeout=10)
     assert again.status_code == 200 and again.json()["data"]["status"] == "CANCELLED"
 
 
 def test_cancel_pending_and_cancel_finished(backend: Service) -> None:
     done_id = backend_create(backend.url, {"export_type": "report_export"}).json()["data"]["task_id"]
     wait_status(backend.url, done_id)
-    body = assert_envelope_error(httpx.post(f"{backend.url}/exports/{done_id}/cancel"), 409, 40904)
+    body = assert_envelope_error(httpx.post(f"{backend.url}/exports/{done_id}/cancel", headers=T1), 409, 40904)
     assert body["data"]["status"] == "COMPLETED"
 
 
@@ -136,7 +138,7 @@ def test_max_attempts_then_failed_not_retryable(backend: Service) -> None:
     done = wait_status(backend.url, task_id)
     assert done["status"] == "FAILED" and done["attempt"] == 2
     assert done["error"]["code"] == "EXPORT_FAILED" and done["error"]["retryable"] is False
-    resp = httpx.post(f"{backend.url}/exports/{task_id}/retry", json={"expected_attempt": 2}, timeout=10)
+    resp = httpx.post(f"{backend.url}/exports/{task_id}/retry", json={"expected_attempt": 2}, headers=T1, timeout=10)
     assert_envelope_error(resp, 409, 40905)
 
 
@@ -144,16 +146,16 @@ def test_rerun_of_timeout_and_stale_attempt(backend: Service) -> None:
     task_id = backend_create(backend.url, {"export_type": "slow_export", "timeout_sec": 1}).json()["data"]["task_id"]
     wait_status(backend.url, task_id, {"TIMEOUT"}, timeout=10)
     url = f"{backend.url}/exports/{task_id}/retry"
-    resp = httpx.post(url, json={"expected_attempt": 1, "overrides": {"timeout_sec": 2, "degraded": True}})
+    resp = httpx.post(url, json={"expected_attempt": 1, "overrides": {"timeout_sec": 2, "degraded": True}}, headers=T1)
     assert resp.status_code == 200, resp.text
     data = resp.json()["data"]
     assert data["attempt"] == 2 and data["status"] == "PENDING" and data["degraded"] is True
     assert data["timeout_sec"] == 2
-    stale = httpx.post(url, json={"expected_attempt": 1, "overrides": {"timeout_sec": 2}})
+    stale = httpx.post(url, json={"expected_attempt": 1, "overrides": {"timeout_sec": 2}}, headers=T1)
     assert_envelope_error(stale, 409, 40903)
     done = wait_status(backend.url, task_id, timeout=10)
     assert done["status"] == "TIMEOUT" and done["attempt"] == 2 and done["degraded"] is True
-    bad = httpx.post(url, json={"expected_attempt": 2, "overrides": {"rows": 5}})
+    bad = httpx.post(url, json={"expected_attempt": 2, "overrides": {"rows": 5}}, headers=T1)
     assert_envelope_error(bad, 422, 42200)
 
 
@@ -166,17 +168,18 @@ def test_list_is_per_tenant_newest_first_with_cursor(backend: Service) -> None:
     cursor = None
     for _ in range(5):
         params = {"limit": 2} | ({"cursor": cursor} if cursor else {})
-        page = httpx.get(f"{backend.url}/exports", params=params, headers={"X-Tenant-Id": tenant}).json()["data"]
+        page = httpx.get(f"{backend.url}/exports", params=params, headers=backend_headers(tenant)).json()["data"]
         seen += [t["task_id"] for t in page["items"]]
         cursor = page["next_cursor"]
         if cursor is None:
             break
     assert seen == list(reversed(ids))
     for task_id in ids:
-        wait_status(backend.url, task_id)
-    done = httpx.get(f"{backend.url}/exports", params={"status": "COMPLETED", "tenant": tenant}).json()["data"]
+        wait_status(backend.url, task_id, tenant=tenant)
+    done = httpx.get(f"{backend.url}/exports", params={"status": "COMPLETED"},
+                     headers=backend_headers(tenant)).json()["data"]
     assert len(done["items"]) == 5
-    assert httpx.get(f"{backend.url}/exports/{ids[0]}", headers={"X-Tenant-Id": "someone-else"}).status_code == 404
+    assert httpx.get(f"{backend.url}/exports/{ids[0]}", headers=backend_headers("someone-else")).status_code == 404
 
 
 @pytest.mark.parametrize("body,headers,status,code,field", [
@@ -197,15 +200,15 @@ def test_list_is_per_tenant_newest_first_with_cursor(backend: Service) -> None:
 ])
 def test_bad_create_input(backend: Service, body: dict[str, Any], headers: dict[str, str], status: int, code: int,
                           field: str) -> None:
-    all_headers = {"X-Task-Id": new_task_id(), "X-Tenant-Id": "t1"} | headers
+    all_headers = backend_headers("t1", **{"X-Task-Id": new_task_id()}) | headers
     resp = httpx.post(f"{backend.url}/exports", json=body, headers=all_headers)
     assert assert_envelope_error(resp, status, code)["data"]["field"] == field
-    listed = httpx.get(f"{backend.url}/exports", params={"tenant": "t1", "limit": 500}).json()["data"]["items"]
+    listed = httpx.get(f"{backend.url}/exports", params={"limit": 500}, headers=T1).json()["data"]["items"]
     assert all_headers["X-Task-Id"] not in {t["task_id"] for t in listed}
 
 
 def test_bad_transport_input(backend: Service) -> None:
-    headers = {"X-Task-Id": new_task_id(), "X-Tenant-Id": "t1"}
+    headers = backend_headers("t1", **{"X-Task-Id": new_task_id()})
     url = f"{backend.url}/exports"
     assert_envelope_error(httpx.post(url, content=b"{nope", headers=headers | {"Content-Type": "application/json"}),
                           400, 40001)
@@ -213,12 +216,12 @@ def test_bad_transport_input(backend: Service) -> None:
     big = json.dumps({"export_type": "order_export", "filters": {"x": "y" * 70000}})
     assert_envelope_error(httpx.post(url, content=big, headers=headers | {"Content-Type": "application/json"}),
                           413, 41300)
-    assert_envelope_error(httpx.get(f"{backend.url}/exports/{new_task_id()}"), 404, 40401)
-    assert_envelope_error(httpx.get(f"{backend.url}/exports/EXP-not-an-id"), 404, 40401)
-    assert_envelope_error(httpx.delete(url), 405, 40500)
-    assert_envelope_error(httpx.get(url, params={"tenant": "t1", "limit": 0}), 422, 42200)
-    assert_envelope_error(httpx.get(url, params={"tenant": "t1", "cursor": "garbage!"}), 422, 42200)
-    assert_envelope_error(httpx.get(url, params={"tenant": "t1", "status": "DONE"}), 422, 42200)
+    assert_envelope_error(httpx.get(f"{backend.url}/exports/{new_task_id()}", headers=T1), 404, 40401)
+    assert_envelope_error(httpx.get(f"{backend.url}/exports/EXP-not-an-id", headers=T1), 404, 40401)
+    assert_envelope_error(httpx.delete(url, headers=T1), 405, 40500)
+    assert_envelope_error(httpx.get(url, params={"limit": 0}, headers=T1), 422, 42200)
+    assert_envelope_error(httpx.get(url, params={"cursor": "garbage!"}, headers=T1), 422, 42200)
+    assert_envelope_error(httpx.get(url, params={"status": "DONE"}, headers=T1), 422, 42200)
 
 
 def test_expired_tasks_and_files_are_deleted(services: Callable[..., Service], tmp_path: Path) -> None:
@@ -226,6 +229,7 @@ def test_expired_tasks_and_files_are_deleted(services: Callable[..., Service], t
     task_id = backend_create(backend.url, {"export_type": "report_export"}).json()["data"]["task_id"]
     wait_status(backend.url, task_id)
     assert any(p.name.startswith(task_id) for p in files_dir(backend).iterdir())
-    wait_until(lambda: httpx.get(f"{backend.url}/exports/{task_id}").status_code == 404, 10, what="expiry")
+    wait_until(lambda: httpx.get(f"{backend.url}/exports/{task_id}", headers=T1).status_code == 404, 10,
+               what="expiry")
     wait_until(lambda: not any(p.name.startswith(task_id) for p in files_dir(backend).iterdir()), 10,
                what="the file to be deleted")

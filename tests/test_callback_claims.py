@@ -16,7 +16,7 @@ import httpx
 
 from tests.conftest import backend_config
 from tests.helpers import backend_create, backend_task
-from tests.procs import RedisServer, Service, wait_until
+from tests.procs import RedisServer, Service, backend_headers, wait_until
 from tests.receiver import Receiver
 
 TINY = {"tiny_export": {"dataset": "report", "rows": 20, "seed": 1}}
@@ -35,7 +35,7 @@ def submit(backends: list[Service], receiver: Receiver, n: int) -> list[str]:
 
 
 def delivered(url: str, task_ids: list[str]) -> bool:
-    return all(backend_task(url, t)["callback"]["state"] == "DELIVERED" for t in task_ids)
+    return all(backend_task(url, t, "demo")["callback"]["state"] == "DELIVERED" for t in task_ids)
 
 
 def receipts(receiver: Receiver) -> collections.Counter[str]:
@@ -45,7 +45,7 @@ def receipts(receiver: Receiver) -> collections.Counter[str]:
 
 
 def taken_over(backend: Service) -> float:
-    text = httpx.get(f"{backend.url}/metrics", timeout=5).text
+    text = httpx.get(f"{backend.url}/metrics", headers=backend_headers(), timeout=5).text
     match = re.search(r"^backend_callback_claims_taken_over_total (\S+)$", text, re.MULTILINE)
     assert match is not None, "the takeover counter is exported"
     return float(match[1])

@@ -20,7 +20,7 @@ from backend_stub.config import BackendConfig
 from exports_common.timefmt import parse_rfc3339
 from tests.conftest import backend_config, synthetic_type
 from tests.helpers import backend_create, wait_status
-from tests.procs import Service, wait_until
+from tests.procs import Service, backend_headers, wait_until
 from tests.receiver import HostileReceiver, Receiver
 
 FLOOD_TASKS = 100
@@ -51,7 +51,7 @@ def start_flood(backend: Service, urls: list[str]) -> list[str]:
 
 
 def flood_callbacks(backend: Service) -> list[dict[str, Any]]:
-    resp = httpx.get(f"{backend.url}/exports?limit=500", headers={"X-Tenant-Id": "demo"}, timeout=10)
+    resp = httpx.get(f"{backend.url}/exports?limit=500", headers=backend_headers("demo"), timeout=10)
     return [t["callback"] for t in resp.json()["data"]["items"]]
 
 
@@ -66,7 +66,7 @@ def delivery_delays(backend: Service, receiver: Receiver, tasks: int = 3) -> lis
         seen = receiver.count()
         task_id = backend_create(backend.url, {"export_type": "tiny_export", "callback_url": receiver.url},
                                  tenant="demo2").json()["data"]["task_id"]
-        done = wait_status(backend.url, task_id, timeout=30)
+        done = wait_status(backend.url, task_id, timeout=30, tenant="demo2")
         wait_until(functools.partial(delivered_past, receiver, seen), 60, interval=0.02, what="demo2's callback")
         received_wall = receiver.received[seen].at + (time.time() - time.monotonic())
         delays.append(received_wall - parse_rfc3339(done["updated_at"]))

@@ -11,7 +11,7 @@ import httpx
 from exports_common import webhooks
 from tests.conftest import DEMO_KEY, PUBLIC_URL, WEBHOOK_SECRETS, backend_config, gateway_config
 from tests.helpers import backend_create, backend_task, wait_status
-from tests.procs import Service, wait_until
+from tests.procs import Service, backend_headers, wait_until
 from tests.receiver import Receiver
 
 SECRET = WEBHOOK_SECRETS["demo"]
@@ -23,7 +23,7 @@ def callback_backend(services: Callable[..., Service], tmp_path: Path, **callbac
 
 
 def callback_state(backend: Service, task_id: str) -> dict[str, Any]:
-    return backend_task(backend.url, task_id)["callback"]
+    return backend_task(backend.url, task_id, "demo")["callback"]
 
 
 def test_completed_task_is_delivered_signed(services: Callable[..., Service], tmp_path: Path) -> None:
@@ -71,7 +71,7 @@ def test_receiver_down_for_all_tries_marks_failed_and_polling_still_works(servic
         assert receiver.count() == 4
     state = callback_state(backend, task_id)
     assert state["attempts"] == 4 and "500" in state["last_error"]
-    assert backend_task(backend.url, task_id)["status"] == "COMPLETED"
+    assert backend_task(backend.url, task_id, "demo")["status"] == "COMPLETED"
 
 
 def test_410_stops_at_once_and_redirects_are_not_followed(services: Callable[..., Service], tmp_path: Path) -> None:
@@ -107,8 +107,9 @@ def test_each_notification_gets_the_next_seq(services: Callable[..., Service], t
         task_id = backend_create(backend.url, {"export_type": "slow_export", "timeout_sec": 1,
                                                "callback_url": receiver.url}, tenant="demo").json()["data"]["task_id"]
         wait_until(lambda: receiver.count() == 1, 15, what="the TIMEOUT notification")
-        httpx.post(f"{backend.url}/exports/{task_id}/retry", json={"expected_attempt": 1}).raise_for_status()
-        httpx.post(f"{backend.url}/exports/{task_id}/cancel").raise_for_status()
+        httpx.post(f"{backend.url}/exports/{task_id}/retry", json={"expected_attempt": 1},
+                   headers=backend_headers("demo")).raise_for_status()
+        httpx.post(f"{backend.url}/exports/{task_id}/cancel", headers=backend_headers("demo")).raise_for_status()
         wait_until(lambda: receiver.count() == 2, 15, what="the CANCELLED notification")
         bodies = [json.loads(r.body) for r in receiver.received]
         ids = [r.headers["webhook-id"] for r in receiver.received]
@@ -140,7 +141,7 @@ def test_trace_continues_from_client_to_callback(services: Callable[..., Service
         task_id = resp.json()["data"]["task_id"]
         wait_until(lambda: receiver.count() == 1, 15, what="the callback")
         assert receiver.received[0].headers["traceparent"].split("-")[1] == trace_id
-    wait_status(backend.url, task_id)
+    wait_status(backend.url, task_id, tenant="demo")
     assert trace_id in backend.log(), "the worker's log lines carry the trace id"
 
 

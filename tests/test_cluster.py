@@ -52,7 +52,8 @@ def test_compose_yaml_is_made_from_the_topology_run_cluster_starts() -> None:
         # every address a node's settings name is a node of the topology, started before it
         for value in node.env.values():
             for named in re.findall(r"\{(\w+)\}", value):
-                assert named in ("data", "redis_password", "lb") or named in node.after, (node.name, named)
+                known = ("data", "redis_password", "service_token", "lb")
+                assert named in known or named in node.after, (node.name, named)
     assert services["lb"]["ports"] == [f"{run_cluster.NODES['lb'].port}:{run_cluster.NODES['lb'].port}"]
     kinds = [node.kind for node in run_cluster.TOPOLOGY]
     assert kinds.count("backend") == 2 and kinds.count("gateway") == 2 and kinds.count("lb") == 1
@@ -101,6 +102,7 @@ def test_compose_config_accepts_the_file_when_docker_compose_is_here(tmp_path: P
 
 def test_in_compose_nodes_reach_each_other_by_service_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REDIS_PASSWORD", "s3cret/pass")
+    monkeypatch.setenv("BACKEND_SERVICE_TOKEN", "a-token-for-this-test-of-32-characters")  # compose requires it
     backend = run_cluster.resolved_env(run_cluster.NODES["b1"], "compose")
     gateway = run_cluster.resolved_env(run_cluster.NODES["g2"], "compose")
     assert backend["REDIS_URL"] == "redis://:s3cret%2Fpass@redis:16379/0" == gateway["REDIS_URL"]
@@ -108,6 +110,9 @@ def test_in_compose_nodes_reach_each_other_by_service_name(monkeypatch: pytest.M
     assert gateway["BACKEND_URLS"] == "http://b1:18081,http://b2:18082"
     assert gateway["GATEWAY_PUBLIC_URL"] == backend["GATEWAY_PUBLIC_URL"] == "http://lb:18080"
     assert int(backend["TASK_TTL_SEC"]) == 3600  # moto holds every object in memory: results go after an hour
+    # the backends answer only the gateways, which send the token compose gives every node
+    token = "a-token-for-this-test-of-32-characters"
+    assert backend["BACKEND_SERVICE_TOKEN"] == gateway["EXPORT_BACKEND_TOKEN"] == token
 
 
 def _locations(config: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ from backend_stub.app import create_app
 from backend_stub.config import BackendConfig
 from exports_common.config_loader import load_model
 from tests.conftest import backend_config
-from tests.procs import ROOT, Service, free_port, wait_until
+from tests.procs import ROOT, SERVICE_TOKEN, Service, backend_headers, free_port, wait_until
 
 CONTRACT = ROOT / "docs" / "backend-teams" / "upstream-openapi.yaml"
 TASK_ID = "exp-20261201-aaaaaaaaaaaaaaaaaaaa"
@@ -29,7 +29,8 @@ TASK_ID = "exp-20261201-aaaaaaaaaaaaaaaaaaaa"
 
 def conformance(upstream: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gateway", "conformance", "--upstream", upstream,
-                           "--export-type", "report_export"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                           "--export-type", "report_export", "--token", SERVICE_TOKEN], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def test_our_backend_passes_every_check_and_leaves_no_task_running(backend: Serv
     assert run.returncode == 0, run.stdout + run.stderr
     assert not lines(run.stdout, "FAIL") and len(lines(run.stdout, "PASS")) == 12, run.stdout
     assert "PASS     change feed" in run.stdout
-    listed = httpx.get(f"{backend.url}/exports", headers={"X-Tenant-Id": "conformance"}, timeout=10).json()
+    listed = httpx.get(f"{backend.url}/exports", headers=backend_headers("conformance"), timeout=10).json()
     statuses = {t["task_id"]: t["status"] for t in listed["data"]["items"]}
     assert statuses and all(t.startswith("conformance-") for t in statuses)
     assert not {"PENDING", "RUNNING"} & set(statuses.values()), statuses
@@ -108,7 +109,8 @@ def test_the_backends_routes_are_the_ones_the_published_contract_lists(tmp_path:
 def test_what_needs_x_tenant_id_answers_400_without_it_and_what_takes_none_does_not(backend: Service) -> None:
     for path, method, operation in _operations():
         url = backend.url + path.replace("{task_id}", TASK_ID) + ("?follow=false" if path == "/events" else "")
-        headers = {"X-Task-Id": TASK_ID} if (path, method) == ("/exports", "POST") else {}
+        headers = backend_headers(**{"X-Task-Id": TASK_ID}) if (path, method) == ("/exports", "POST") else \
+            backend_headers()
         status = httpx.request(method, url, headers=headers, json={"export_type": "report_export"}
                                if method == "POST" else None, timeout=10).status_code
         if operation["x-tenant"] == "required":

@@ -52,7 +52,7 @@ def _published(module: str, tmp_path: Path) -> dict[str, Any]:
 @pytest.mark.parametrize("module,names", [
     ("gateway", ["public_base_url", "admin_token", "GATEWAY_ADMIN_TOKEN", "DOWNLOAD_SIGNING_SECRET", "tenants.demo"]),
     ("backend_stub", ["download_links.base_url", "GATEWAY_PUBLIC_URL", "DOWNLOAD_SIGNING_SECRET",
-                      "callbacks.secrets.demo"]),
+                      "callbacks.secrets.demo", "BACKEND_SERVICE_TOKEN"]),
 ])
 def test_published_defaults_are_refused_outside_dev_mode(module: str, names: list[str], tmp_path: Path) -> None:
     proc = _start(module, _published(module, tmp_path), tmp_path)
@@ -95,7 +95,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen[str]) -> None:
 
 
 @pytest.mark.parametrize("module,path,warnings", [
-    ("gateway", "config/gateway.yaml", 5), ("backend_stub", "config/backend.yaml", 4)])
+    ("gateway", "config/gateway.yaml", 5), ("backend_stub", "config/backend.yaml", 5)])
 def test_check_config_warns_about_published_defaults_and_exits_0(module: str, path: str, warnings: int) -> None:
     result = subprocess.run([sys.executable, "-m", module, "check-config", path], cwd=ROOT, capture_output=True,
                             text=True, timeout=60, env=_env())

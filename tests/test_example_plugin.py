@@ -20,7 +20,7 @@ import yaml
 
 from exports_common.config_loader import ConfigError, load_model
 from gateway.config import GatewayConfig
-from tests.conftest import DEMO2_KEY, DEMO_KEY, gateway_config
+from tests.conftest import ADMIN_TOKEN, DEMO2_KEY, DEMO_KEY, gateway_config
 from tests.helpers import install_distribution, upstream_calls
 from tests.procs import ROOT, Service
 
@@ -42,13 +42,15 @@ def test_a_route_open_to_listed_tenants_only(services: Callable[..., Service], t
     config = gateway_config(tmp_path, echo.url)
     config["upstreams"]["echo"] = {"url": echo.url}
     config["routes"] = [BETA]
-    # beside it, an installed package whose plugin cannot be imported, which no route names
+    # beside it, an installed package whose plugin cannot be imported, which no route names: never imported
     site = tmp_path / "site"
     site.mkdir()
-    install_distribution(site, "broken-plugin", {"broken": "broken_plugin:Broken"}, "import no_such_module\n")
+    marker = tmp_path / "broken-was-imported"
+    install_distribution(site, "broken-plugin", {"broken": "broken_plugin:Broken"},
+                         f"open({str(marker)!r}, 'w').close()\nimport no_such_module\n")
     gateway = services("gateway", config, name="gateway", PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))
-    warning = next(json.loads(line) for line in gateway.log().splitlines() if "cannot be used" in line)
-    assert warning["level"] == "warning" and "'broken-plugin 1.0'" in warning["problem"]
+    note = next(json.loads(line) for line in gateway.log().splitlines() if "no route names are not loaded" in line)
+    assert note["plugins"] == ["broken"] and not marker.exists()
     with httpx.Client(base_url=gateway.url, timeout=10) as client:
         allowed = client.get("/beta/report", headers={"Authorization": f"Bearer {DEMO_KEY}"})
         assert allowed.status_code == 200, allowed.text
@@ -93,3 +95,60 @@ def test_its_tests_pass_from_a_copy_outside_the_repository(tmp_path: Path) -> No
                             cwd=copy, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "5 passed" in result.stdout and "skipped" not in result.stdout and "warning" not in result.stdout
+
+
+HOOKS_FAIL = """
+from typing import ClassVar
+
+from gateway.plugins.base import PluginBase, Settings
+
+
+class Flaky(PluginBase[Settings]):
+    name: ClassVar[str] = "flaky_hooks"
+    Settings: ClassVar[type[Settings]] = Settings
+
+    async def __call__(self, ctx):
+        return await self.next(ctx)
+
+    @classmethod
+    def observe(cls, services):
+        services.metrics.observe_gauge("flaky_hooks_gauge", "a gauge whose read fails", lambda: [1 / 0])
+
+    @classmethod
+    async def before_scrape(cls, services):
+        raise RuntimeError("before_scrape broke")
+
+    @classmethod
+    async def stats(cls, services):
+        raise RuntimeError("stats broke")
+
+    @classmethod
+    def background(cls, current):
+        async def work():
+            raise RuntimeError("background broke")
+        return [work()]
+"""
+
+
+def test_a_plugin_whose_hooks_raise_is_skipped_and_logged_once(services: Callable[..., Service],
+                                                               tmp_path: Path) -> None:
+    echo = services("tests.echo_upstream", {}, name="echo")
+    config = gateway_config(tmp_path, echo.url, metrics_auth="admin_token")
+    config["upstreams"]["echo"] = {"url": echo.url}
+    config["routes"] = [*config["routes"], {**BETA, "plugins": [{"auth": {"required": False}}, "flaky_hooks"]}]
+    site = tmp_path / "site"
+    site.mkdir()
+    install_distribution(site, "flaky-plugin", {"flaky_hooks": "flaky_plugin:Flaky"}, HOOKS_FAIL)
+    gateway = services("gateway", config, name="gateway", PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    with httpx.Client(base_url=gateway.url, headers=admin, timeout=10) as client:
+        for _ in range(3):
+            metrics = client.get("/metrics")
+            assert metrics.status_code == 200 and "gateway_config_info" in metrics.text
+            assert "flaky_hooks_gauge" not in metrics.text and "gateway_event_streams_open" in metrics.text
+            stats = client.get("/admin/stats")
+            assert stats.status_code == 200 and "pid" in stats.json()["data"] and "outbox" in stats.json()["data"]
+        assert client.get("/beta/x", headers={"Authorization": f"Bearer {DEMO_KEY}"}).status_code == 200
+    lines = [json.loads(line) for line in gateway.log().splitlines() if line.startswith("{")]
+    failures = sorted(line.get("hook") or line.get("gauge") for line in lines if line["level"] == "error")
+    assert failures == ["background", "before_scrape", "flaky_hooks_gauge", "stats"], failures

@@ -16,7 +16,7 @@ import yaml
 from backend_stub.datasets import DATASETS
 from tests.conftest import DEMO_KEY, backend_config, gateway_config, synthetic_type
 from tests.helpers import assert_envelope_error, backend_create, wait_status
-from tests.procs import Service
+from tests.procs import Service, backend_headers
 
 TICKETS = ("tickets", 3000, 4)  # free text with formula-like openings, NULL days, empty notes
 TYPES = {
@@ -41,7 +41,7 @@ def export(backend: Service, export_type: str, **body: Any) -> tuple[dict[str, A
     assert created.status_code == 201, created.text
     done = wait_status(backend.url, created.json()["data"]["task_id"], timeout=60)
     assert done["status"] == "COMPLETED", done
-    return done, httpx.get(f"{backend.url}{done['result']['download_url']}", timeout=30)
+    return done, httpx.get(f"{backend.url}{done['result']['download_url']}", headers=backend_headers(), timeout=30)
 
 
 def test_a_submit_gets_the_types_first_format_unless_it_names_another_it_offers(backend: Service) -> None:
@@ -64,7 +64,8 @@ def test_a_format_the_type_does_not_offer_is_422_naming_the_field(backend: Servi
 
 
 def test_export_types_lists_formats_and_compression_and_nothing_of_the_source(backend: Service) -> None:
-    items = {t["export_type"]: t for t in httpx.get(f"{backend.url}/export-types").json()["data"]["items"]}
+    listed = httpx.get(f"{backend.url}/export-types", headers=backend_headers()).json()["data"]["items"]
+    items = {t["export_type"]: t for t in listed}
     assert items["safe_tickets"]["formats"] == ["jsonl", "csv"] and items["safe_tickets"]["compression"] is None
     assert items["gzip_tickets"]["compression"] == "gzip"
     assert items["order_export"]["formats"] == ["csv", "jsonl"]
@@ -109,7 +110,7 @@ def test_a_gzip_type_stores_and_serves_the_compressed_file_as_is(backend: Servic
     stored = Path(backend.config["data_dir"]) / "files" / f"{task_id}.{fmt}.gz"
     assert done["result"]["bytes"] == len(file.content) == stored.stat().st_size < len(plain.content) / 2
     assert gzip.decompress(file.content) == plain.content
-    tail = httpx.get(f"{backend.url}{done['result']['download_url']}", headers={"Range": "bytes=-8"})
+    tail = httpx.get(f"{backend.url}{done['result']['download_url']}", headers=backend_headers(Range="bytes=-8"))
     assert tail.status_code == 206 and tail.content == file.content[-8:]  # ranges are of the stored bytes
 
 

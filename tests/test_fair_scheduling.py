@@ -17,7 +17,7 @@ import pytest
 from exports_common.task_ids import new_task_id
 from tests.conftest import backend_config, synthetic_type
 from tests.helpers import backend_create, wait_status
-from tests.procs import RedisServer, Service, wait_until
+from tests.procs import RedisServer, Service, backend_headers, wait_until
 
 TENANT_A, TENANT_B = "flooder", "quiet"
 
@@ -41,7 +41,7 @@ def _submit(url: str, tenant: str, n: int) -> list[str]:
         ids = [new_task_id() for _ in range(n)]
         for task_id in ids:
             resp = http.post("/exports", json={"export_type": "paced"},
-                             headers={"X-Task-Id": task_id, "X-Tenant-Id": tenant})
+                             headers=backend_headers(tenant, **{"X-Task-Id": task_id}))
             assert resp.status_code == 201, resp.text
     return ids
 
@@ -61,8 +61,8 @@ def _tasks(url: str, tenant: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     cursor = None
     for _ in range(100):
-        params = {"tenant": tenant, "limit": "100"} | ({"cursor": cursor} if cursor else {})
-        data = httpx.get(f"{url}/exports", params=params, timeout=10).json()["data"]
+        params = {"limit": "100"} | ({"cursor": cursor} if cursor else {})
+        data = httpx.get(f"{url}/exports", params=params, headers=backend_headers(tenant), timeout=10).json()["data"]
         items += data["items"]
         cursor = data.get("next_cursor")
         if not cursor:
@@ -81,7 +81,7 @@ def test_another_tenants_task_starts_at_the_next_free_worker_behind_a_backlog_of
                what="every worker busy with the flooder's tasks")
     task_id = _submit(url, TENANT_B, 1)[0]
     queued = time.time()
-    wait_status(url, task_id, {"RUNNING", "COMPLETED"}, timeout=10)
+    wait_status(url, task_id, {"RUNNING", "COMPLETED"}, timeout=10, tenant=TENANT_B)
     starts = _logged(backends, "task started")
     waited = starts[task_id] - queued
     # under one FIFO it waited for the whole backlog: 200 x 0.5 s / workers
@@ -139,8 +139,8 @@ def test_running_cap_holds_while_polled_and_through_a_kill(kind: str, services: 
             break
         time.sleep(0.05)
     assert killed and max(running_seen) == cap, f"the cap was reached (not merely unused): {running_seen}"
-    for task_id in flood + quiet:
-        assert wait_status(url, task_id, timeout=20)["status"] == "COMPLETED", "no task lost by the kill"
+    for tenant, task_id in [(TENANT_A, t) for t in flood] + [(TENANT_B, t) for t in quiet]:
+        assert wait_status(url, task_id, timeout=20, tenant=tenant)["status"] == "COMPLETED", "no task lost by the kill"
     started = _logged(backends, "task started")
     assert max(started[t] for t in quiet) < sorted(started[t] for t in flood)[cap], \
         "the other tenant's tasks took the workers the capped tenant could not use"

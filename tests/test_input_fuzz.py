@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 from exports_common.task_ids import new_task_id
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config, synthetic_type
 from tests.helpers import assert_envelope_error, backend_requests, wait_status
-from tests.procs import Service, wait_until
+from tests.procs import SERVICE_TOKEN, Service, backend_headers, wait_until
+
+GATEWAY_SENT = backend_headers("demo")  # what a gateway sends a backend: the service token and the tenant
 
 AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
 # one client for the module: a fresh httpx client per request (SSL context and all) cost more than the servers did
@@ -103,7 +105,7 @@ def test_list_query_never_reaches_a_5xx(stack: tuple[Service, Service], pairs: l
     backend, gateway = stack
     qs = query_string(pairs)
     assert_client_error_or_ok(get(f"{gateway.url}/api/v1/exports?{qs}", AUTH))
-    assert_client_error_or_ok(get(f"{backend.url}/exports?{qs}", {"X-Tenant-Id": "demo"}))
+    assert_client_error_or_ok(get(f"{backend.url}/exports?{qs}", GATEWAY_SENT))
 
 
 @fuzz(50)
@@ -160,7 +162,7 @@ def test_submit_body_never_reaches_a_5xx(stack: tuple[Service, Service], top: di
         raw = json_text(body)
         assert_client_error_or_ok(post(f"{gateway.url}/api/v1/exports", raw, AUTH))
         assert_client_error_or_ok(post(f"{backend.url}/exports", raw,
-                                       {"X-Task-Id": new_task_id(), "X-Tenant-Id": "demo"}))
+                                       GATEWAY_SENT | {"X-Task-Id": new_task_id()}))
 
 
 @fuzz(50)
@@ -173,9 +175,9 @@ def test_headers_never_reach_a_5xx(stack: tuple[Service, Service], name: str, va
     headers = with_header({**AUTH, "content-type": "application/json"}, name, raw)
     assert_client_error_or_ok(HTTP.post(f"{gateway.url}/api/v1/exports", content=body, headers=headers))
     assert_client_error_or_ok(HTTP.get(f"{gateway.url}/api/v1/exports", headers=headers))
-    backend_headers = with_header({"X-Task-Id": new_task_id(), "X-Tenant-Id": "demo",
-                                   "content-type": "application/json"}, name, raw)
-    assert_client_error_or_ok(HTTP.post(f"{backend.url}/exports", content=body, headers=backend_headers))
+    direct = with_header({"X-Task-Id": new_task_id(), "X-Tenant-Id": "demo", "Authorization": f"Bearer {SERVICE_TOKEN}",
+                          "content-type": "application/json"}, name, raw)
+    assert_client_error_or_ok(HTTP.post(f"{backend.url}/exports", content=body, headers=direct))
 
 
 def with_header(base: dict[str, str], name: str, value: bytes) -> list[tuple[bytes, bytes]]:
@@ -193,7 +195,7 @@ def test_odd_member_names_are_a_4xx_envelope(stack: tuple[Service, Service], mem
                                                                "filters": {member: 1}}):
         resp = post(f"{gateway.url}/api/v1/exports", json_text(body), AUTH)
         assert_envelope_error(resp, 422, 42200)
-        direct = post(f"{backend.url}/exports", json_text(body), {"X-Task-Id": new_task_id(), "X-Tenant-Id": "demo"})
+        direct = post(f"{backend.url}/exports", json_text(body), GATEWAY_SENT | {"X-Task-Id": new_task_id()})
         assert_envelope_error(direct, 422, 42200)
 
 
@@ -203,7 +205,7 @@ def test_non_finite_numbers_in_filters_are_refused(stack: tuple[Service, Service
     raw = b'{"export_type": "order_export", "filters": {"min_amount": ' + number.encode() + b"}}"
     body = assert_envelope_error(post(f"{gateway.url}/api/v1/exports", raw, AUTH), 422, 42200)
     assert body["data"]["field"] == "filters.min_amount"
-    direct = post(f"{backend.url}/exports", raw, {"X-Task-Id": new_task_id(), "X-Tenant-Id": "demo"})
+    direct = post(f"{backend.url}/exports", raw, GATEWAY_SENT | {"X-Task-Id": new_task_id()})
     assert_envelope_error(direct, 422, 42200)
 
 
@@ -246,16 +248,17 @@ def test_callback_host_that_is_not_a_dns_name_is_422(stack: tuple[Service, Servi
     backend, gateway = stack
     body = json_text({"export_type": "report_export", "callback_url": f"https://{host}/hook"})
     assert_envelope_error(post(f"{gateway.url}/api/v1/exports", body, AUTH), 422, 42200)
-    direct = post(f"{backend.url}/exports", body, {"X-Task-Id": new_task_id(), "X-Tenant-Id": "demo"})
+    direct = post(f"{backend.url}/exports", body, GATEWAY_SENT | {"X-Task-Id": new_task_id()})
     assert_envelope_error(direct, 422, 42200)
 
 
 def test_unknown_paths_and_methods_are_envelopes(stack: tuple[Service, Service]) -> None:
     backend, gateway = stack
-    for url in (f"{gateway.url}/nope", f"{gateway.url}/admin/nope", f"{backend.url}/nope"):
+    for url in (f"{gateway.url}/nope", f"{gateway.url}/admin/nope"):
         assert_envelope_error(get(url), 404, 40400)
+    assert_envelope_error(get(f"{backend.url}/nope", GATEWAY_SENT), 404, 40400)
     assert_envelope_error(HTTP.delete(f"{gateway.url}/api/v1/exports", headers=AUTH), 405, 40500)
-    assert_envelope_error(HTTP.delete(f"{backend.url}/exports"), 405, 40500)
+    assert_envelope_error(HTTP.delete(f"{backend.url}/exports", headers=GATEWAY_SENT), 405, 40500)
     assert_envelope_error(HTTP.post(f"{gateway.url}/healthz"), 405, 40500)
 
 

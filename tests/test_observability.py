@@ -12,7 +12,7 @@ import httpx
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
 from tests.helpers import wait_status
 from tests.otlp_receiver import OtlpReceiver, Span
-from tests.procs import Service, wait_until
+from tests.procs import Service, backend_headers, wait_until
 from tests.receiver import Receiver
 
 API = "/api/v1/exports"
@@ -34,7 +34,8 @@ def metric(text: str, name: str, **labels: str) -> float | None:
 
 
 def scrape(service: Service) -> str:
-    resp = httpx.get(f"{service.url}/metrics", timeout=10)
+    resp = httpx.get(f"{service.url}/metrics", timeout=10,
+                     headers=backend_headers() if service.module == "backend_stub" else {})
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
     return resp.text
 
@@ -132,7 +133,7 @@ def test_backend_metrics_from_start_up_and_after_work(services: Callable[..., Se
         assert metric(text, name, **labels) == 0, name
     assert metric(text, "backend_workers") == 2
     created = httpx.post(f"{backend.url}/exports", json={"export_type": "flaky_export"}, timeout=10,
-                         headers={"X-Task-Id": "exp-20261129-aaaaaaaaaaaaaaaaaaab", "X-Tenant-Id": "t1"})
+                         headers=backend_headers("t1", **{"X-Task-Id": "exp-20261129-aaaaaaaaaaaaaaaaaaab"}))
     assert created.status_code == 201
     wait_status(backend.url, "exp-20261129-aaaaaaaaaaaaaaaaaaab", {"COMPLETED"})
     text = scrape(backend)
@@ -152,7 +153,7 @@ def test_queue_age_grows_while_tasks_wait(services: Callable[..., Service], tmp_
     backend = services("backend_stub", backend_config(tmp_path, workers=1))
     for i in range(2):  # the one worker runs the first; the second waits
         httpx.post(f"{backend.url}/exports", json={"export_type": "slow_export"}, timeout=10,
-                   headers={"X-Task-Id": f"exp-20261129-aaaaaaaaaaaaaaaaaab{i}", "X-Tenant-Id": "slow"})
+                   headers=backend_headers("slow", **{"X-Task-Id": f"exp-20261129-aaaaaaaaaaaaaaaaaab{i}"}))
     text = wait_until(lambda: t if metric(t := scrape(backend), "backend_workers_busy") == 1 else None, 15,
                       what="the worker to start the first task")
     assert metric(text, "backend_tasks", tenant="slow", status="PENDING") == 1
@@ -192,7 +193,7 @@ def test_gateway_stats_from_start_up_with_open_telemetry_names(services: Callabl
 
     gateway.config["routes"] = [r for r in gateway.config["routes"] if r["name"] != "list"]
     gateway.write_config()
-    assert httpx.post(f"{gateway.url}/admin/reload", headers=ADMIN).status_code == 200
+    assert httpx.post(f"{gateway.url}/admin/reload?allow_removals=true", headers=ADMIN).status_code == 200
     text = scrape(gateway)
     assert metric(text, "gateway_config_reloads_total", outcome="applied") == 1
     new_hash = re.search(r'^gateway_config_info\{hash="([0-9a-f]{16})"\} 1\.0$', text, re.M)
@@ -310,7 +311,7 @@ def test_an_operator_rerun_links_back_to_the_admin_request(services: Callable[..
             **fast_batches)
         task_id = httpx.post(f"{gateway.url}{API}", json={"export_type": "broken_export"}, timeout=10,
                              headers=AUTH | _traceparent(submit)).json()["data"]["task_id"]
-        wait_status(backend.url, task_id, {"FAILED"})
+        wait_status(backend.url, task_id, {"FAILED"}, tenant="demo")
         rerun = httpx.post(f"{gateway.url}/admin/recovery/tasks/{task_id}/rerun",
                            headers=ADMIN | _traceparent(operator))
         assert rerun.status_code == 200, rerun.text
@@ -343,8 +344,8 @@ def test_operator_recovery_of_dead_letters_and_failed_tasks(services: Callable[.
                              headers=AUTH, timeout=10).json()["data"]["task_id"]
         broken = httpx.post(f"{gateway.url}{API}", json={"export_type": "broken_export"}, headers=AUTH,
                             timeout=10).json()["data"]["task_id"]
-        wait_until(lambda: httpx.get(f"{backend.url}/exports/{task_id}").json()["data"]["callback"]["state"]
-                   == "FAILED", 15, what="the callback to be given up on")
+        wait_until(lambda: httpx.get(f"{backend.url}/exports/{task_id}", headers=backend_headers("demo")).json()
+                   ["data"]["callback"]["state"] == "FAILED", 15, what="the callback to be given up on")
         dead = f"{gateway.url}/admin/recovery/callbacks"
         assert httpx.get(dead, params={"tenant": "demo"}).status_code == 401
         refused = httpx.get(dead, params={"tenant": "demo", "limit": "0"}, headers=ADMIN)
@@ -365,7 +366,7 @@ def test_operator_recovery_of_dead_letters_and_failed_tasks(services: Callable[.
         assert batch["results"]["exp-20261129-zzzzzzzzzzzzzzzzzzzz"]["code"] == 40401
         wait_until(lambda: hook.count() == 4, 15, what="the batch's notification")
 
-        wait_status(backend.url, broken, {"FAILED"})
+        wait_status(backend.url, broken, {"FAILED"}, tenant="demo")
         failed = httpx.get(f"{gateway.url}/admin/recovery/tasks", params={"tenant": "demo", "status": "FAILED"},
                            headers=ADMIN).json()["data"]["items"]
         assert [t["task_id"] for t in failed] == [broken] and failed[0]["error"]["retryable"] is False

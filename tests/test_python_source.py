@@ -16,7 +16,7 @@ from backend_stub.config import BackendConfig
 from exports_common.config_loader import ConfigError, load_model
 from tests.conftest import backend_config
 from tests.helpers import backend_create, wait_status
-from tests.procs import Service
+from tests.procs import Service, backend_headers
 
 EVENTS = 3000
 
@@ -50,9 +50,10 @@ def stack(module_services: Callable[..., Service], tmp_path_factory: pytest.Temp
 def exported(backend: Service, tenant: str, **body: Any) -> tuple[dict[str, Any], bytes]:
     created = backend_create(backend.url, {"export_type": "events", **body}, tenant=tenant)
     assert created.status_code == 201, created.text
-    done = wait_status(backend.url, created.json()["data"]["task_id"], timeout=30)
+    done = wait_status(backend.url, created.json()["data"]["task_id"], timeout=30, tenant=tenant)
     assert done["status"] == "COMPLETED", done
-    return done, httpx.get(f"{backend.url}{done['result']['download_url']}", timeout=10).content
+    file = httpx.get(f"{backend.url}{done['result']['download_url']}", headers=backend_headers(), timeout=10)
+    return done, file.content
 
 
 def test_a_python_source_exports_only_the_tenants_rows_with_the_declared_filters_applied(
@@ -75,7 +76,7 @@ def test_a_failing_source_fails_the_task_as_source_error_without_its_message(
         stack: tuple[Service, list[dict[str, Any]]]) -> None:
     backend, _ = stack
     created = backend_create(backend.url, {"export_type": "broken_events"}, tenant="acme")
-    done = wait_status(backend.url, created.json()["data"]["task_id"], timeout=30)
+    done = wait_status(backend.url, created.json()["data"]["task_id"], timeout=30, tenant="acme")
     assert done["status"] == "FAILED" and done["error"]["code"] == "SOURCE_ERROR", done
     assert "jsonl_events" in done["error"]["message"] and "hunter2" not in json.dumps(done)
     assert "hunter2" not in backend.log()

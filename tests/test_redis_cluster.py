@@ -20,12 +20,12 @@ import pytest
 
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
 from tests.helpers import backend_create, wait_status
-from tests.procs import RedisClusterServers, Service, wait_until
+from tests.procs import RedisClusterServers, Service, backend_headers, wait_until
 
 API = "/api/v1/exports"
 AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-TENANT = {"X-Tenant-Id": "demo"}
+TENANT = backend_headers("demo")
 BODY = {"export_type": "report_export"}
 
 
@@ -70,7 +70,7 @@ def test_submit_poll_list_download_and_the_outbox_run_on_a_redis_cluster(
     part = httpx.get(link, headers={"Range": "bytes=0-9"}, timeout=10)
     assert whole.status_code == 200 and len(whole.content) == miss.json()["data"]["result"]["bytes"]
     assert part.status_code == 206 and part.content == whole.content[:10]
-    metrics = httpx.get(f"{backend.url}/metrics").text
+    metrics = httpx.get(f"{backend.url}/metrics", headers=TENANT).text
     assert re.search(r'backend_tasks\{status="COMPLETED",tenant="demo"\} [1-9]', metrics), metrics[-2000:]
 
     # the backend is down: a submit goes to the shared outbox (a script over three keys), then is delivered

@@ -22,11 +22,11 @@ import pytest
 
 from tests.conftest import DEMO_KEY, backend_config, gateway_config
 from tests.helpers import wait_status
-from tests.procs import RedisClusterServers, Service
+from tests.procs import RedisClusterServers, Service, backend_headers
 
 API = "/api/v1/exports"
 AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
-TENANT = {"X-Tenant-Id": "demo"}
+TENANT = backend_headers("demo")
 
 
 @pytest.fixture

@@ -18,11 +18,11 @@ import pytest
 
 from tests.conftest import DEMO_KEY, backend_config, gateway_config, synthetic_type
 from tests.helpers import backend_create, backend_task, wait_status
-from tests.procs import RedisServer, Service, wait_until
+from tests.procs import RedisServer, Service, backend_headers, wait_until
 
 API = "/api/v1/exports"
 AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
-TENANT = {"X-Tenant-Id": "demo"}
+TENANT = backend_headers("demo")
 BODY = {"export_type": "report_export"}
 # a Redis stall costs a gateway request at most three tries of its 1 s socket timeout plus backoff
 STALL_ANSWER_SEC = 8.0

@@ -11,7 +11,7 @@ import httpx
 
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
 from tests.helpers import assert_envelope_error, backend_requests, upstream_calls, wait_status
-from tests.procs import Service, wait_until
+from tests.procs import Service, backend_headers, wait_until
 
 API = "/api/v1/exports"
 AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
@@ -87,7 +87,8 @@ def test_backend_killed_then_restarted(services: Callable[..., Service], tmp_pat
     backend.start()
     wait_until(lambda: breaker_state(gateway) == "closed", 15, what="the breaker to close after one trial")
     wait_until(lambda: stats(gateway)["outbox"]["pending"] == 0, 15, what="the outbox to drain")
-    listed = httpx.get(f"{backend.url}/exports", params={"tenant": "demo", "limit": 500}).json()["data"]["items"]
+    listed = httpx.get(f"{backend.url}/exports", params={"limit": 500},
+                       headers=backend_headers("demo")).json()["data"]["items"]
     ids = [t["task_id"] for t in listed]
     for task_id in outboxed:
         assert ids.count(task_id) == 1
@@ -221,7 +222,8 @@ def test_gateway_restart_with_outbox_loses_nothing(services: Callable[..., Servi
     replay = httpx.post(f"{gateway.url}{API}", json={"export_type": "report_export", "format": "jsonl"},
                         headers=AUTH | {"Idempotency-Key": "restart-0"})
     assert replay.headers["idempotent-replayed"] == "true" and replay.json()["data"]["task_id"] == ids[0]
-    listed = httpx.get(f"{backend.url}/exports", params={"tenant": "demo", "limit": 500}).json()["data"]["items"]
+    listed = httpx.get(f"{backend.url}/exports", params={"limit": 500},
+                       headers=backend_headers("demo")).json()["data"]["items"]
     assert sorted(t["task_id"] for t in listed) == sorted(ids)
 
 
@@ -242,7 +244,7 @@ def test_timeout_gets_exactly_one_degraded_rerun_with_two_gateways(services: Cal
 
     answers = asyncio.run(poll_both())
     assert {r.status_code for r in answers} == {200}
-    task = httpx.get(f"{backend.url}/exports/{task_id}").json()["data"]
+    task = httpx.get(f"{backend.url}/exports/{task_id}", headers=backend_headers("demo")).json()["data"]
     assert task["reruns"] == 1 and task["attempt"] == 2 and task["degraded"] is True
     assert task["timeout_sec"] == 2
     assert all(r.json()["data"]["attempt"] == 2 for r in answers if r.json()["data"]["status"] != "TIMEOUT")

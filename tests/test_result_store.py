@@ -24,11 +24,12 @@ from exports_client import AsyncExportsClient, ExportsClient, Task
 from exports_common.errors import ApiError
 from tests.conftest import DEMO_KEY, backend_config, gateway_config, synthetic_type
 from tests.helpers import assert_envelope_error, backend_create, backend_task, wait_status
-from tests.procs import RedisServer, S3Server, Service, wait_until
+from tests.procs import RedisServer, S3Server, Service, backend_headers, wait_until
 
 API = "/api/v1/exports"
 PREFIX = "results/v1"
 AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
+DEMO_BACKEND = backend_headers("demo")  # a direct call to a backend, as the gateway makes it
 
 
 @dataclass
@@ -89,8 +90,8 @@ def test_a_task_downloads_whole_and_by_range_through_every_gateway_and_every_bac
             bodies.append(whole.content)
         for backend in cluster.backends:
             file_url = f"{backend.url}/exports/{task_id}/file"
-            whole = httpx.get(file_url, headers={"X-Tenant-Id": "demo"}, timeout=10)
-            part = httpx.get(file_url, headers={"X-Tenant-Id": "demo", "Range": "bytes=0-2"}, timeout=10)
+            whole = httpx.get(file_url, headers=DEMO_BACKEND, timeout=10)
+            part = httpx.get(file_url, headers=DEMO_BACKEND | {"Range": "bytes=0-2"}, timeout=10)
             assert whole.status_code == 200 and part.status_code == 206
             bodies.append(whole.content)
             assert part.content == whole.content[:3]
@@ -101,7 +102,7 @@ def test_a_range_past_the_end_answers_416_with_the_size(cluster: Cluster) -> Non
     task_id = cluster.submit({"export_type": "report_export"})
     size = cluster.wait(task_id)["result"]["bytes"]  # type: ignore[index]
     resp = httpx.get(f"{cluster.backends[1].url}/exports/{task_id}/file",
-                     headers={"X-Tenant-Id": "demo", "Range": f"bytes={size}-"}, timeout=10)
+                     headers=DEMO_BACKEND | {"Range": f"bytes={size}-"}, timeout=10)
     assert_envelope_error(resp, 416, 41600)
     assert resp.headers["content-range"] == f"bytes */{size}"
 
@@ -111,10 +112,10 @@ def test_a_missing_object_of_a_live_task_is_not_called_expired(cluster: Cluster)
     cluster.wait(task_id)
     cluster.s3.delete(f"{PREFIX}/{task_id}.csv")
     for backend in cluster.backends:
-        resp = httpx.get(f"{backend.url}/exports/{task_id}/file", headers={"X-Tenant-Id": "demo"}, timeout=10)
+        resp = httpx.get(f"{backend.url}/exports/{task_id}/file", headers=DEMO_BACKEND, timeout=10)
         body = assert_envelope_error(resp, 410, 41002)
         assert "no longer in the result store" in body["message"] and "has not expired" in body["message"]
-    assert backend_task(cluster.backends[0].url, task_id)["status"] == "COMPLETED"
+    assert backend_task(cluster.backends[0].url, task_id, "demo")["status"] == "COMPLETED"
 
 
 def test_expiry_deletes_the_object_then_the_task(services: Callable[..., Service], tmp_path: Path) -> None:
@@ -126,7 +127,8 @@ def test_expiry_deletes_the_object_then_the_task(services: Callable[..., Service
         wait_status(backend.url, task_id)
         assert s3.object_keys() == [f"{PREFIX}/{task_id}.csv"]
         wait_until(lambda: s3.object_keys() == [], 15, what="the janitor to delete the object")
-        wait_until(lambda: httpx.get(f"{backend.url}/exports/{task_id}").status_code == 404, 10,
+        wait_until(lambda: httpx.get(f"{backend.url}/exports/{task_id}",
+                                     headers=backend_headers("t1")).status_code == 404, 10,
                    what="the task record to be deleted")
     finally:
         s3.stop()
@@ -147,10 +149,10 @@ def test_an_s3_outage_answers_503_with_retry_after_and_keeps_the_task(
         download = httpx.get(str(done["result"]["download_url"]), timeout=20)
         assert_envelope_error(download, 503, 50300)
         assert int(download.headers["retry-after"]) >= 1
-        direct = httpx.get(f"{backend.url}/exports/{task_id}/file", headers={"X-Tenant-Id": "demo"}, timeout=20)
+        direct = httpx.get(f"{backend.url}/exports/{task_id}/file", headers=DEMO_BACKEND, timeout=20)
         assert_envelope_error(direct, 503, 50300)
         assert int(direct.headers["retry-after"]) >= 1
-        after = backend_task(backend.url, task_id)
+        after = backend_task(backend.url, task_id, "demo")
         assert after["status"] == "COMPLETED" and after["result"] == done["result"] | {
             "download_url": after["result"]["download_url"]}
     finally:
@@ -169,17 +171,17 @@ def test_an_s3_outage_during_uploads_is_waited_out_without_spending_attempts_unt
         waits = backend_create(backend.url, {"export_type": "report_export", "timeout_sec": 120}, tenant="demo")
         gives_up = backend_create(backend.url, {"export_type": "report_export", "timeout_sec": 5}, tenant="demo")
         waiting, timed_out = (str(r.json()["data"]["task_id"]) for r in (waits, gives_up))
-        ended = wait_status(backend.url, timed_out, timeout=30, headers={"X-Tenant-Id": "demo"})
+        ended = wait_status(backend.url, timed_out, timeout=30, headers=DEMO_BACKEND)
         assert ended["status"] == "TIMEOUT" and ended["attempt"] == 1, ended
         assert ended["error"]["retryable"] and "result store" in ended["error"]["message"], ended["error"]
-        still = backend_task(backend.url, waiting)
+        still = backend_task(backend.url, waiting, "demo")
         assert (still["status"], still["attempt"], still["current_step"]) == ("RUNNING", 1, "store"), still
 
         s3.start()  # back (empty, as moto is after a restart, with its bucket made again)
-        done = wait_status(backend.url, waiting, timeout=60, headers={"X-Tenant-Id": "demo"})
+        done = wait_status(backend.url, waiting, timeout=60, headers=DEMO_BACKEND)
         assert (done["status"], done["attempt"], done["error"]) == ("COMPLETED", 1, None), done
         assert s3.object_keys() == [f"{PREFIX}/{waiting}.csv"]
-        metrics = httpx.get(f"{backend.url}/metrics", timeout=10).text
+        metrics = httpx.get(f"{backend.url}/metrics", headers=DEMO_BACKEND, timeout=10).text
         assert re.search(r"^backend_result_store_retries_total [1-9]", metrics, re.M), metrics
     finally:
         s3.stop()
@@ -201,9 +203,9 @@ def test_memory_stays_flat_uploading_and_streaming_a_big_file(cluster: Cluster) 
     try:
         created = backend_create(backend.url, {"export_type": "big_export"}, tenant="demo")
         task_id = str(created.json()["data"]["task_id"])
-        size = int(wait_status(backend.url, task_id, timeout=120)["result"]["bytes"])
+        size = int(wait_status(backend.url, task_id, timeout=120, tenant="demo")["result"]["bytes"])
         received = 0
-        with httpx.stream("GET", f"{backend.url}/exports/{task_id}/file", timeout=60) as resp:
+        with httpx.stream("GET", f"{backend.url}/exports/{task_id}/file", headers=DEMO_BACKEND, timeout=60) as resp:
             assert resp.status_code == 200
             for chunk in resp.iter_bytes():
                 received += len(chunk)
@@ -281,7 +283,7 @@ def test_an_opt_in_redirect_sends_downloads_to_a_presigned_store_url(
     store_host = f"localhost:{s3.port}"
     assert (store_host, False) in transport.seen and (store_host, True) not in transport.seen  # no key to the store
 
-    wait_until(lambda: httpx.get(f"{backend.url}/exports/{task.task_id}/file", headers={"X-Tenant-Id": "demo"},
+    wait_until(lambda: httpx.get(f"{backend.url}/exports/{task.task_id}/file", headers=DEMO_BACKEND,
                                  timeout=5).status_code == 410, 20, what="the task to expire")
     assert httpx.get(link, timeout=10).status_code == 410
 

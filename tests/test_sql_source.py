@@ -37,7 +37,7 @@ from exports_common import sql
 from tests.conftest import backend_config
 from tests.databases import PostgresInstance, SqlDatabase
 from tests.helpers import backend_create, wait_status
-from tests.procs import Service, free_port, wait_until
+from tests.procs import Service, backend_headers, free_port, wait_until
 
 TENANTS = ("acme", "globex")
 STATUSES = ("new", "paid", "shipped")
@@ -560,7 +560,7 @@ def test_a_backend_serves_sql_types_and_retries_one_whose_database_is_down(
     assert created.status_code == 201, created.text
     done = wait_status(backend.url, created.json()["data"]["task_id"], timeout=60)
     assert done["status"] == "COMPLETED" and done["result"]["format"] == "parquet", done
-    file = httpx.get(f"{backend.url}{done['result']['download_url']}", timeout=30)
+    file = httpx.get(f"{backend.url}{done['result']['download_url']}", headers=backend_headers(), timeout=30)
     assert file.headers["content-type"] == "application/vnd.apache.parquet"
     table = pq.read_table(io.BytesIO(file.content))
     assert table.to_pylist() == [{"id": 1, "tenant": "t1", "amount": Decimal("10.50")},

@@ -109,6 +109,24 @@ def test_webhook_signatures_reject_tampering_replay_and_other_secrets() -> None:
     assert not webhooks.verify("whsec_" + "A" * 32, headers, body)
 
 
+@pytest.mark.inprocess
+@pytest.mark.parametrize("stamp", ["9" * 400, "1" * 13, "+1700000000", "1_700_000_000", " 1700000000",
+                                   "\u0661\u0667\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0660", "1e9",
+                                   "-1", "9" * 5000])
+def test_webhook_verifiers_refuse_a_timestamp_that_is_not_unix_seconds(stamp: str) -> None:
+    """Unauthenticated input: a long number used to raise OverflowError from both verifiers."""
+    from exports_client import WebhookVerificationError, verify_webhook
+
+    secret = "whsec_iCl0WN940QaVoCJovUTAq++Q04VVO3U5"
+    body = b'{"task_id":"x"}'
+    headers = webhooks.sign([secret], "msg_1", body) | {"webhook-timestamp": stamp}
+    assert webhooks.verify(secret, headers, body) is False
+    with pytest.raises(WebhookVerificationError, match="not a Unix time in whole seconds"):
+        verify_webhook(secret, headers, body)
+    good = webhooks.sign([secret], "msg_1", body)
+    assert webhooks.verify(secret, good, body) and verify_webhook(secret, good, body) == {"task_id": "x"}
+
+
 async def _call_in_flight(breaker: Breaker, answer: asyncio.Future[GatewayResponse]) -> asyncio.Task[GatewayResponse]:
     """A call through `breaker` that waits for `answer`."""
     started = asyncio.Event()

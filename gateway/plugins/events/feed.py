@@ -70,7 +70,8 @@ async def follow(services: Services, upstream: Upstream, feed: FeedSettings,
     url = f"{endpoint.url}{feed.path}" + (f"?{q}" if q else "")
     timeouts = Timeouts(connect=upstream.timeouts.connect, read=feed.silence_sec)
     try:
-        resp = await services.client.request("GET", url, [("accept", "application/x-ndjson")], None, timeouts)
+        resp = await services.client.request("GET", url, [("accept", "application/x-ndjson"), *upstream.auth], None,
+                                              timeouts)
     except UpstreamError as exc:
         if exc.kind == "connect_error":
             upstream.pool.connect_failed(endpoint)

@@ -105,7 +105,8 @@ class OutboxDrainer:
         with services.tracing.delivery(f"outbox delivery {item.upstream}", stored, attributes) as span:
             carrier: dict[str, str] = {}
             inject(carrier)
-            headers = [h for h in item.headers if h[0] not in _TRACE_HEADERS] + list(carrier.items())
+            headers = [h for h in item.headers if h[0] not in _TRACE_HEADERS] + list(carrier.items()) + [
+                *upstream.auth]
 
             # the delivery, its answer read whole, ends within the drain lock's lease
             timeouts = upstream.timeouts._replace(
