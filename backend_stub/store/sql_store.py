@@ -58,6 +58,7 @@ _RETRIES = 10
 _PG_RETRY_STATES = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
 _MYSQL_RETRY_CODES = {1205, 1213}  # lock wait timeout, deadlock
 _TURN_CANDIDATES = 64  # tenants looked at per claim, lowest pass first
+_CONTENDED_ROUNDS = 4  # reads of the turns in one claim while other claimers keep serving its candidates
 _POLL_MIN_SEC = 0.02
 _POLL_MAX_SEC = 0.25
 
@@ -189,9 +190,11 @@ class SqlTaskStore:
             await conn.execute(schema.tasks.update().where(schema.tasks.c.task_id == task.task_id).values(**row))
         return task
 
-    async def _locked_turn(self, conn: AsyncConnection, tenant: str) -> int | None:
+    async def _locked_turn(self, conn: AsyncConnection, tenant: str, skip_locked: bool = False) -> int | None:
+        """The tenant's pass, its row locked to commit; None if it has no row (or, with `skip_locked`, another
+        transaction holds it)."""
         turns = schema.turns
-        query = sa.select(turns.c.turn).where(turns.c.tenant == tenant).with_for_update()
+        query = sa.select(turns.c.turn).where(turns.c.tenant == tenant).with_for_update(skip_locked=skip_locked)
         found = (await conn.execute(query)).scalar()
         return None if found is None else int(found)
 
@@ -324,23 +327,38 @@ class SqlTaskStore:
             await conn.execute(leased.where(queue.c.seq == lapsed.seq))
             return Lease(str(lapsed.seq), lapsed.task_id, lease_sec, consumer)
         has_waiting = sa.exists().where(queue.c.tenant == turns.c.tenant, queue.c.lease_until.is_(None))
-        candidates = (await conn.execute(
-            sa.select(turns.c.tenant).where(has_waiting)
-            .order_by(turns.c.turn, turns.c.tenant).limit(_TURN_CANDIDATES))).scalars().all()
-        for tenant in candidates:
-            turn = await self._locked_turn(conn, tenant)
-            cap = self.fairness.cap(tenant)
-            if turn is None or (cap is not None and await self._running(conn, tenant) >= cap):
-                continue  # at its cap: skipped, not waited for
-            row = (await conn.execute(
-                sa.select(queue.c.seq, queue.c.task_id).where(queue.c.tenant == tenant, queue.c.lease_until.is_(None))
-                .order_by(queue.c.seq).limit(1).with_for_update(skip_locked=True))).first()
-            if row is None:
-                continue  # taken meanwhile by another claimer
-            await conn.execute(leased.where(queue.c.seq == row.seq))
-            await conn.execute(turns.update().where(turns.c.tenant == tenant).values(
-                turn=turn + self.fairness.stride(tenant), served_at_turn=turn))
-            return Lease(str(row.seq), row.task_id, lease_sec, consumer)
+        # a claimer waits for a turn row only while it holds none, so that claimers never wait in a circle
+        holding = False
+        for _ in range(_CONTENDED_ROUNDS):
+            contended = False  # another claimer served a candidate meanwhile: the turns are read again
+            candidates = (await conn.execute(
+                sa.select(turns.c.tenant, turns.c.turn).where(has_waiting)
+                .order_by(turns.c.turn, turns.c.tenant).limit(_TURN_CANDIDATES))).all()
+            for i, (tenant, _) in enumerate(candidates):
+                turn = await self._locked_turn(conn, tenant, skip_locked=holding)
+                if turn is None:
+                    contended = True  # another claimer is serving it right now
+                    continue
+                holding = True
+                if i + 1 < len(candidates) and turn > candidates[i + 1].turn:
+                    contended = True  # served by another claimer while this one waited for the lock
+                    continue
+                cap = self.fairness.cap(tenant)
+                if cap is not None and await self._running(conn, tenant) >= cap:
+                    continue  # at its cap: skipped, not waited for
+                row = (await conn.execute(
+                    sa.select(queue.c.seq, queue.c.task_id)
+                    .where(queue.c.tenant == tenant, queue.c.lease_until.is_(None))
+                    .order_by(queue.c.seq).limit(1).with_for_update(skip_locked=True))).first()
+                if row is None:
+                    contended = True  # its last waiting task was taken meanwhile
+                    continue
+                await conn.execute(leased.where(queue.c.seq == row.seq))
+                await conn.execute(turns.update().where(turns.c.tenant == tenant).values(
+                    turn=turn + self.fairness.stride(tenant), served_at_turn=turn))
+                return Lease(str(row.seq), row.task_id, lease_sec, consumer)
+            if not contended:
+                break
         return None
 
     @staticmethod
