@@ -251,3 +251,17 @@ def test_a_database_restart_gives_503_with_retry_after_and_recovers_by_itself_lo
         [(r.status_code, r.text[:200]) for r in down]
     for task_id in accepted:
         assert wait_status(backend.url, task_id, timeout=60)["status"] == "COMPLETED", "nothing accepted is lost"
+
+
+async def test_an_exhausted_pool_fails_within_the_pool_timeout_as_busy_not_a_hang(sql_database: SqlDatabase) -> None:
+    store = SqlTaskStore(sql_database.url, settings=sql.EngineSettings(pool_size=1, pool_timeout=0.5))
+    await store.open()
+    try:
+        async with store.engine.connect():  # the pool's only connection, held
+            started = time.monotonic()
+            with pytest.raises(sql.SqlBusy) as busy:
+                await store.get(new_task_id())
+            assert time.monotonic() - started < 2.0 and busy.value.retryable
+        assert await store.get(new_task_id()) is None, "served again once a connection is free"
+    finally:
+        await store.close()
