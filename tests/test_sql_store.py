@@ -109,6 +109,25 @@ async def test_the_schema_is_created_from_empty_once_when_two_backends_start_at_
         await SqlTaskStore(sql_database.url).open()
 
 
+async def test_a_migration_cut_short_by_a_crash_is_finished_by_the_next_start(sql_database: SqlDatabase) -> None:
+    """A backend killed mid-way left the version at 0 with some of the tables made: the next start finishes."""
+    engine = sql.make_engine(sql_database.url)
+    with engine.begin() as conn:
+        sql_schema.metadata.create_all(conn, tables=[sql_schema.schema_version, sql_schema.tasks,
+                                                     sql_schema.change_log])
+        conn.execute(sql_schema.schema_version.insert().values(one=1, version=0))
+        conn.execute(sql_schema.change_log.insert().values(one=1, last_id=0, trimmed_through=0))
+    store = SqlTaskStore(sql_database.url)
+    await store.open()
+    try:
+        assert await store.latest_change_id() is None and await store.claim("c", 30, 0) is None
+    finally:
+        await store.close()
+    with engine.connect() as conn:
+        assert sql_schema.current_version(conn) == sql_schema.VERSION
+    engine.dispose()
+
+
 # -- several processes --------------------------------------------------------------------------------
 
 

@@ -91,11 +91,13 @@ schema_version = sa.Table(
 
 
 def _v1(conn: Connection) -> None:
+    # each step may find itself done already: a backend killed mid-way left it so
     metadata.create_all(conn, tables=[tasks, queue, turns, changes, change_log, callback_claims])
-    conn.execute(change_log.insert().values(one=1, last_id=0, trimmed_through=0))
+    if conn.execute(sa.select(change_log.c.one)).first() is None:
+        conn.execute(change_log.insert().values(one=1, last_id=0, trimmed_through=0))
 
 
-# index i moves the schema from version i to i + 1
+# index i moves the schema from version i to i + 1; each must be safe to run again after a crash part-way
 MIGRATIONS: list[Callable[[Connection], None]] = [_v1]
 VERSION = len(MIGRATIONS)
 LOCK_NAME = "exports_task_store_schema"
@@ -134,7 +136,8 @@ def migrate(conn: Connection, lock_timeout_sec: int = 60) -> tuple[int, int]:
                                "run the newer release, or restore a backup taken before the upgrade")
         if found == 0:
             metadata.create_all(conn, tables=[schema_version])
-            conn.execute(schema_version.insert().values(one=1, version=0))
+            if conn.execute(sa.select(schema_version.c.one)).first() is None:
+                conn.execute(schema_version.insert().values(one=1, version=0))
         for version in range(found, VERSION):
             MIGRATIONS[version](conn)
             conn.execute(schema_version.update().values(version=version + 1))
