@@ -12,8 +12,10 @@ a deadlock (MariaDB 1213, PostgreSQL 40P01), a serialization failure (40001) or 
   and only the lease's holder may renew or ack it (fenced by owner).
 - Change ids come from a one-row counter updated in the writing transaction as its last step: its
   row lock, held to commit, makes id order the commit order (a sequence would not).
-- Idle claimers and change-log readers wait on an event this process sets when it writes, and poll
-  the database with a backoff for other processes' writes, never in a busy loop.
+- Idle claimers and change-log readers wait on an event this process sets when it writes. On
+  PostgreSQL other backends' writes wake them too: each writing transaction sends a NOTIFY, which a
+  LISTEN connection of each store (session mode) turns into that event. They also poll the database
+  with a backoff (MariaDB/MySQL: the only way to see other backends' writes), never in a busy loop.
 - Times are this host's clock (epoch seconds): backends sharing a database keep their clocks in sync (NTP).
 """
 from __future__ import annotations
@@ -61,6 +63,9 @@ _TURN_CANDIDATES = 64  # tenants looked at per claim, lowest pass first
 _CONTENDED_ROUNDS = 4  # reads of the turns in one claim while other claimers keep serving its candidates
 _POLL_MIN_SEC = 0.02
 _POLL_MAX_SEC = 0.25
+_POLL_MAX_LISTENING_SEC = 2.0  # PostgreSQL with its LISTEN connection up: the poll is only a safety net
+_CHANNEL = "exports_task_store"
+_LISTEN_RETRY_SEC = 1.0
 
 
 def _change_id(number: int) -> str:
@@ -106,6 +111,8 @@ class SqlTaskStore:
         self._engine: AsyncEngine | None = None
         self._wakeup = asyncio.Event()  # set by this process's enqueues and acks
         self._appended = asyncio.Event()  # replaced at every append by this process
+        self._listener: asyncio.Task[None] | None = None
+        self._listening = False
 
     async def open(self) -> None:
         raw = sql.make_async_engine(self.url, mysql_driver=MYSQL_DRIVER, settings=self.settings)
@@ -115,8 +122,41 @@ class SqlTaskStore:
             await raw.dispose()
             raise
         self._engine = raw.execution_options(isolation_level="READ COMMITTED")
+        if self.postgres:
+            self._listener = asyncio.create_task(self._listen(), name="sql-store-listen")
+
+    async def _listen(self) -> None:
+        """Wake this process's waiters on every NOTIFY of another backend's write; reconnect when dropped."""
+        import psycopg
+
+        conninfo = sql.sync_url(self.url).set(drivername="postgresql").render_as_string(hide_password=False)
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                        conninfo, autocommit=True, connect_timeout=max(2, int(self.settings.connect_timeout))) as conn:
+                    await conn.execute(f"LISTEN {_CHANNEL}")
+                    self._listening = True
+                    self._woken()  # writes made while it was not listening are found now
+                    async for _ in conn.notifies():
+                        self._woken()
+            except psycopg.Error:
+                pass  # the server restarted or is down: the polls go on meanwhile
+            finally:
+                self._listening = False
+            await asyncio.sleep(_LISTEN_RETRY_SEC)
+
+    def _woken(self) -> None:
+        self._wakeup.set()
+        self._appended_now()
+
+    def _poll_max(self) -> float:
+        return _POLL_MAX_LISTENING_SEC if self._listening else _POLL_MAX_SEC
 
     async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+            self._listener = None
         if self._engine is not None:
             await self._engine.dispose()
             self._engine = None
@@ -138,6 +178,7 @@ class SqlTaskStore:
         for attempt in range(_RETRIES):
             try:
                 async with self.engine.begin() as conn:
+                    conn.info["notified"] = False  # see _notify
                     return await body(conn)
             except exc.DBAPIError as error:
                 if not _retryable(error) or attempt == _RETRIES - 1:
@@ -176,6 +217,7 @@ class SqlTaskStore:
 
         The last step of a transaction: after the change id is taken, nothing else waits for a lock.
         """
+        await self._notify(conn)
         number = await self._next_change_id(conn)
         await conn.execute(schema.changes.insert().values(
             id=number, task_id=task.task_id, tenant=task.tenant, at=time.time(),
@@ -215,7 +257,14 @@ class SqlTaskStore:
             if vtime > turn:
                 await conn.execute(turns.update().where(turns.c.tenant == task.tenant).values(turn=vtime))
         await conn.execute(queue.insert().values(task_id=task.task_id, tenant=task.tenant))
+        await self._notify(conn)
         self._wakeup.set()
+
+    async def _notify(self, conn: AsyncConnection) -> None:
+        """PostgreSQL: wake other backends' waiters when this transaction commits (once per transaction)."""
+        if self.postgres and not conn.info.get("notified"):
+            await conn.execute(sa.select(sa.func.pg_notify(_CHANNEL, "")))
+            conn.info["notified"] = True
 
     def _appended_now(self) -> None:
         self._appended.set()
@@ -313,7 +362,7 @@ class SqlTaskStore:
             try:  # woken at once by this process's writes; another backend's are found by the next poll
                 await asyncio.wait_for(self._wakeup.wait(), min(poll, remaining))
             except TimeoutError:
-                poll = min(poll * 2, _POLL_MAX_SEC)
+                poll = min(poll * 2, self._poll_max())
 
     async def _try_claim(self, conn: AsyncConnection, consumer: str, lease_sec: float) -> Lease | None:
         queue, turns = schema.queue, schema.turns
@@ -376,8 +425,10 @@ class SqlTaskStore:
     async def _ack(self, conn: AsyncConnection, lease: Lease) -> None:
         # only the lease's holder: a worker whose lease ran out and was taken over frees nothing
         queue = schema.queue
-        await conn.execute(queue.delete().where(queue.c.seq == int(lease.entry_id),
-                                                queue.c.lease_owner == lease.owner))
+        acked = await conn.execute(queue.delete().where(queue.c.seq == int(lease.entry_id),
+                                                        queue.c.lease_owner == lease.owner))
+        if acked.rowcount:
+            await self._notify(conn)
         self._wakeup.set()  # a tenant at its running cap may have a turn again
 
     async def ack(self, lease: Lease) -> None:
@@ -461,7 +512,7 @@ class SqlTaskStore:
             try:  # this process's writes wake it at once; other backends' are found by the next poll
                 await asyncio.wait_for(appended.wait(), min(poll, remaining))
             except TimeoutError:
-                poll = min(poll * 2, _POLL_MAX_SEC)
+                poll = min(poll * 2, self._poll_max())
 
     async def latest_change_id(self) -> str | None:
         last, _ = await self._read(self._log_state)
