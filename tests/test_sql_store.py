@@ -208,8 +208,9 @@ def _sql_backends(services: Callable[..., Service], tmp_path: Path, url: str, n:
 
 
 def test_two_backends_one_killed_mid_run_every_task_completes_and_the_killed_ones_run_once_more(
-        sql_database: SqlDatabase, services: Callable[..., Service], tmp_path: Path) -> None:
-    backends = _sql_backends(services, tmp_path, sql_database.url, 2, workers=2, lease_sec=2,
+        pg_database: SqlDatabase, services: Callable[..., Service], tmp_path: Path) -> None:
+    """On PostgreSQL only, for the test budget: a takeover on MariaDB is the contract suite's (same code)."""
+    backends = _sql_backends(services, tmp_path, pg_database.url, 2, workers=2, lease_sec=2,
                              result_store=f"file://{tmp_path / 'results'}", export_types={"slowish": SLOWISH})
     ids = [backend_create(backends[i % 2].url, {"export_type": "slowish"}).json()["data"]["task_id"]
            for i in range(8)]
