@@ -104,10 +104,12 @@ async def _costs(kind: str, where: str, tasks: int) -> tuple[float, float]:
     return claim_ack, operations
 
 
-def _backend(kind: str, where: str, done: Any) -> None:
+def _backend(kind: str, where: str, ready: Any, go: Any) -> None:
     async def run() -> None:
         store = _store(kind, where)
         await store.open()
+        ready.put(1)
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
 
         async def claimer(name: str) -> None:
             while await _one_task(store, name):
@@ -115,28 +117,30 @@ def _backend(kind: str, where: str, done: Any) -> None:
         await asyncio.gather(claimer("a"), claimer("b"))
         await store.close()
     asyncio.run(run())
-    done.put(1)
 
 
-def _flow(kind: str, where: str, tasks: int, backends: int, first: int) -> float:
-    """Tasks per second through `backends` processes draining `tasks` queued tasks."""
+def _flow(kind: str, where: str, tasks: int, backends: int) -> float:
+    """Tasks per second through `backends` processes (started and connected beforehand) draining `tasks`."""
     async def fill() -> None:
         store = _store(kind, where)
         await store.open()
-        for n in range(first, first + tasks):
+        for n in range(tasks):
             await store.create(_task(n))
         await store.close()
     asyncio.run(fill())
     context = multiprocessing.get_context("spawn")
-    done = context.Queue()
-    procs = [context.Process(target=_backend, args=(kind, where, done)) for _ in range(backends)]
-    start = time.perf_counter()
+    ready, go = context.Queue(), context.Event()
+    procs = [context.Process(target=_backend, args=(kind, where, ready, go)) for _ in range(backends)]
     for proc in procs:
         proc.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    start = time.perf_counter()
+    go.set()
     for proc in procs:
         proc.join(600)
     took = time.perf_counter() - start
-    assert done.qsize() == backends or all(p.exitcode == 0 for p in procs)
+    assert all(proc.exitcode == 0 for proc in procs)
     return tasks / took
 
 
@@ -174,7 +178,7 @@ def main() -> None:
                         flows.append("-")
                         continue
                     with _where(kind, Path(tmp), server.url) as where:
-                        flows.append(f"{_flow(kind, where, args.flow, backends, 0):.0f}")
+                        flows.append(f"{_flow(kind, where, args.flow, backends):.0f}")
                 print(f"{kind:11} {claim_ack:12.0f} {operations:9.1f} " + " ".join(f"{f:>22}" for f in flows),
                       flush=True)
         finally:
