@@ -285,3 +285,21 @@ async def test_an_exhausted_pool_fails_within_the_pool_timeout_as_busy_not_a_han
         assert await store.get(new_task_id()) is None, "served again once a connection is free"
     finally:
         await store.close()
+
+
+async def test_a_stalled_database_fails_a_call_within_its_bound_and_serves_again_after(
+        private_postgres: PostgresInstance) -> None:
+    store = SqlTaskStore(private_postgres.url, settings=sql.EngineSettings(pool_timeout=1, connect_timeout=2))
+    await store.open()
+    try:
+        assert await store.get(new_task_id()) is None
+        private_postgres.pause()
+        started = time.monotonic()
+        with pytest.raises(sql.SqlUnreachable):
+            await store.get(new_task_id())
+        assert time.monotonic() - started < store.call_timeout + 2, "bounded, not a hang"
+        private_postgres.resume()
+        assert await store.get(new_task_id()) is None
+    finally:
+        private_postgres.resume()
+        await asyncio.wait_for(store.close(), 15)

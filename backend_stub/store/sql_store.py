@@ -16,6 +16,8 @@ a deadlock (MariaDB 1213, PostgreSQL 40P01), a serialization failure (40001) or 
   PostgreSQL other backends' writes wake them too: each writing transaction sends a NOTIFY, which a
   LISTEN connection of each store (session mode) turns into that event. They also poll the database
   with a backoff (MariaDB/MySQL: the only way to see other backends' writes), never in a busy loop.
+- Every call is bounded (`call_timeout`), also on a stalled server, and fails as SqlUnreachable: a
+  request then answers 503 and a worker keeps its task within its lease.
 - Times are this host's clock (epoch seconds): backends sharing a database keep their clocks in sync (NTP).
 """
 from __future__ import annotations
@@ -108,6 +110,9 @@ class SqlTaskStore:
         self.fairness = fairness or Fairness()
         self.change_retention_sec = change_retention_sec
         self.settings = settings or sql.DEFAULT_SETTINGS
+        # a call's bound, even on a stalled server: a wait for a pooled connection, a connect, and the
+        # statements themselves (short ones, or a wait for a turn row another claimer holds briefly)
+        self.call_timeout = self.settings.pool_timeout + self.settings.connect_timeout + 2.0
         self._engine: AsyncEngine | None = None
         self._wakeup = asyncio.Event()  # set by this process's enqueues and acks
         self._appended = asyncio.Event()  # replaced at every append by this process
@@ -175,11 +180,14 @@ class SqlTaskStore:
 
     async def _tx(self, body: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """Run `body` in one transaction, again from the start on a deadlock or serialization failure."""
+        async def attempt_once() -> T:
+            async with self.engine.begin() as conn:
+                conn.info["notified"] = False  # see _notify
+                return await body(conn)
+
         for attempt in range(_RETRIES):
             try:
-                async with self.engine.begin() as conn:
-                    conn.info["notified"] = False  # see _notify
-                    return await body(conn)
+                return await sql.within(self.call_timeout, attempt_once())
             except exc.DBAPIError as error:
                 if not _retryable(error) or attempt == _RETRIES - 1:
                     raise sql.sql_error(error, self.url) from None
@@ -189,9 +197,12 @@ class SqlTaskStore:
         raise AssertionError("unreachable")
 
     async def _read(self, body: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-        try:
+        async def read_once() -> T:
             async with self.engine.connect() as conn:
                 return await body(conn)
+
+        try:
+            return await sql.within(self.call_timeout, read_once())
         except (exc.SQLAlchemyError, OSError, TimeoutError) as error:
             raise sql.sql_error(error, self.url) from None
 
