@@ -89,6 +89,11 @@ async def check_server(url: str, settings: sql.EngineSettings | None = None) -> 
         await _prepare(engine, url)
     finally:
         await engine.dispose()
+    _prepared.add(url)
+
+
+# databases this process checked and migrated already (at start, before serving): `open` skips that
+_prepared: set[str] = set()
 
 
 async def _prepare(engine: AsyncEngine, url: str) -> None:
@@ -122,7 +127,8 @@ class SqlTaskStore:
     async def open(self) -> None:
         raw = sql.make_async_engine(self.url, mysql_driver=MYSQL_DRIVER, settings=self.settings)
         try:
-            await _prepare(raw, self.url)
+            if self.url not in _prepared:
+                await _prepare(raw, self.url)
         except BaseException:
             await raw.dispose()
             raise
