@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -202,17 +202,23 @@ def _started(backend: Service) -> set[str]:
     return _logged(backend, "task started")
 
 
-def _sql_backends(services: Callable[..., Service], tmp_path: Path, url: str, n: int, **override: Any
+def _sql_backends(request: pytest.FixtureRequest, tmp_path: Path, url: str, n: int, **override: Any
                   ) -> list[Service]:
+    """`n` backends on the database, stopped at the end of the test. Up to 60 s to start each: on the loaded
+    2-core machine the imports alone took 10 s."""
     config = backend_config(tmp_path, database_url=url, **override)
-    return [services("backend_stub", dict(config, data_dir=str(tmp_path / f"data{i}")), name=f"backend-{i}")
-            for i in range(n)]
+    backends = []
+    for i in range(n):
+        backend = Service("backend_stub", dict(config, data_dir=str(tmp_path / f"data{i}")), tmp_path, f"backend-{i}")
+        request.addfinalizer(backend.stop)
+        backends.append(backend.start(timeout=60))
+    return backends
 
 
 def test_two_backends_one_killed_mid_run_every_task_completes_and_the_killed_ones_run_once_more(
-        pg_database: SqlDatabase, services: Callable[..., Service], tmp_path: Path) -> None:
+        pg_database: SqlDatabase, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """On PostgreSQL only, for the test budget: a takeover on MariaDB is the contract suite's (same code)."""
-    backends = _sql_backends(services, tmp_path, pg_database.url, 2, workers=2, lease_sec=3,
+    backends = _sql_backends(request, tmp_path, pg_database.url, 2, workers=2, lease_sec=8,
                              result_store=f"file://{tmp_path / 'results'}", export_types={"slowish": SLOWISH})
     ids = [backend_create(backends[i % 2].url, {"export_type": "slowish"}).json()["data"]["task_id"]
            for i in range(8)]
@@ -221,7 +227,8 @@ def test_two_backends_one_killed_mid_run_every_task_completes_and_the_killed_one
     assert victim.proc is not None
     pid = victim.proc.pid
     victim.kill()
-    # what it held when it died: its leases (consumers are named HOST-PID), before they run out in 3 s
+    # what it held when it died: its leases (consumers are named HOST-PID), before they run out in 8 s (long:
+    # on the loaded machine a live backend stalled for seconds, and a stall past the lease is a takeover)
     queue = sql_schema.queue
     engine = sql.make_engine(pg_database.url)
     with engine.connect() as conn:
@@ -244,11 +251,11 @@ def test_two_backends_one_killed_mid_run_every_task_completes_and_the_killed_one
 
 @pytest.mark.parametrize("kind", ["postgresql", "mariadb"])
 def test_a_database_restart_gives_503_with_retry_after_and_recovers_by_itself_losing_nothing(
-        kind: str, services: Callable[..., Service], tmp_path: Path, request: pytest.FixtureRequest) -> None:
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     server: PostgresInstance | MariaDBInstance = request.getfixturevalue(
         "private_postgres" if kind == "postgresql" else "private_mariadb")
     quick = synthetic_type("orders", 200, 9, fault={"delay_sec": 0.3})
-    (backend,) = _sql_backends(services, tmp_path, server.url, 1, workers=2, lease_sec=5, database_pool_timeout_sec=2,
+    (backend,) = _sql_backends(request, tmp_path, server.url, 1, workers=2, lease_sec=5, database_pool_timeout_sec=2,
                                export_types={"quick": quick})
     accepted = [backend_create(backend.url, {"export_type": "quick"}).json()["data"]["task_id"] for _ in range(4)]
     answers: list[httpx.Response] = []
