@@ -1,8 +1,27 @@
+import asyncio
 import sys
+
+from starlette.types import ASGIApp
 
 from backend_stub.app import create_app
 from backend_stub.config import BackendConfig
+from backend_stub.store import sql_settings
 from exports_common.cli import main
+from exports_common.sql import SqlError
+
+
+def make_app(config: BackendConfig, path: str) -> ASGIApp:
+    """The app; on a SQL store, first the server's version and the schema (refused: one line, exit 2)."""
+    if config.store_kind() == "sql":
+        from backend_stub.store.sql_store import check_server
+
+        try:
+            asyncio.run(check_server(config.database_url, sql_settings(config)))
+        except SqlError as error:
+            print(f"backend_stub: cannot use the task store: {error.message}", file=sys.stderr)
+            raise SystemExit(2) from None
+    return create_app(config, path)
+
 
 if __name__ == "__main__":
-    sys.exit(main("backend_stub", BackendConfig, "config/backend.yaml", create_app))
+    sys.exit(main("backend_stub", BackendConfig, "config/backend.yaml", make_app))

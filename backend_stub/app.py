@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from redis.exceptions import RedisError
@@ -30,7 +31,10 @@ from exports_common import otel
 from exports_common.envelope import error_response, exception_handlers, ok
 from exports_common.errors import unavailable
 from exports_common.periodic import running
-from exports_common.redis_client import store_unavailable
+from exports_common.redis_client import RETRY_AFTER_SEC, store_unavailable
+from exports_common.sql import SqlError
+
+log = logging.getLogger("backend.app")
 
 
 def create_app(config: BackendConfig, config_path: str | None = None) -> tracing.TracingMiddleware:
@@ -66,7 +70,7 @@ def create_app(config: BackendConfig, config_path: str | None = None) -> tracing
         """Ready when the store answers and data_dir has room for exports (/healthz: alive)."""
         try:
             await asyncio.wait_for(store.ping(), 2.0)
-        except (TimeoutError, RedisError, OSError) as exc:
+        except (TimeoutError, RedisError, SqlError, OSError) as exc:
             return error_response(unavailable(f"not ready: the store does not answer ({type(exc).__name__})", 2))
         short = disk.shortage()
         if short is not None:
@@ -78,6 +82,12 @@ def create_app(config: BackendConfig, config_path: str | None = None) -> tracing
         assert isinstance(exc, RedisError)
         return error_response(store_unavailable(exc))
 
+    async def sql_failed(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, SqlError)
+        log.warning("the task store failed under a request", extra={"error": exc.message})
+        return error_response(unavailable(f"shared state is unavailable ({type(exc).__name__})", RETRY_AFTER_SEC,
+                                          data={"reason": "store_unavailable"}))
+
     counter = RequestCounter()
     api = BackendApi(config, registry, store, files, results, counter)
     metrics.seed(config.export_types, config.workers)
@@ -86,7 +96,7 @@ def create_app(config: BackendConfig, config_path: str | None = None) -> tracing
     if config.change_log.feed:  # without it, a gateway's 404 makes it poll each watched task instead
         routes.append(Route("/events", ChangeFeed(store, config.change_log.feed_heartbeat_sec).events,
                             methods=["GET"]))
-    handlers = {**exception_handlers(), RedisError: redis_failed}
+    handlers = {**exception_handlers(), RedisError: redis_failed, SqlError: sql_failed}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     guarded = ServiceAuth(HttpFault(app, config.http_fault, counter), config.required_token())
     return tracing.TracingMiddleware(guarded)

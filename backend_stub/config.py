@@ -26,6 +26,7 @@ from exports_common.connection_limits import ConnectionLimits
 from exports_common.contract import DOWNLOAD_PATH
 from exports_common.netpolicy import AddressPolicy
 from exports_common.otel import TracingConfig
+from exports_common.sql import SqlError, sync_url
 
 
 class FaultConfig(Strict):
@@ -244,9 +245,19 @@ class BackendConfig(Strict):
     min_free_bytes: int = Field(1 << 30, ge=0, description=(
         "free space data_dir must keep: below it this backend claims no new task and /readyz answers 503 until "
         "space is back (its exports spool there before they are stored)"))
-    redis_url: str = Field("", description="empty: embedded SQLite store; set: shared Redis store and "
+    redis_url: str = Field("", description="set: shared Redis store and "
                            "queue (redis://HOST:PORT/DB, or redis+cluster://HOST:PORT for a Redis Cluster)")
     redis_prefix: str = "exports"
+    database_url: str = Field("", description=(
+        "set: the task store, queue and change log in PostgreSQL (>= 13) or MariaDB (>= 10.6) / MySQL (>= 8.0), "
+        "shared by every backend on it: postgresql://USER:PASSWORD@HOST:PORT/DB or mysql://... "
+        "(BACKEND_DATABASE_URL in the shipped config)"))
+    database_pool_size: int = Field(10, ge=1, le=200, description="connections this backend opens to database_url")
+    database_pool_timeout_sec: float = Field(5.0, gt=0, le=60, description=(
+        "how long a request waits for a free connection before it answers 503"))
+    store: Literal["", "sql", "redis", "sqlite"] = Field("", description=(
+        "which store holds the tasks: sql (database_url), redis (redis_url) or sqlite (embedded); empty: the "
+        "one whose URL is set, SQLite if none. Required when both URLs are set"))
     result_store: str = Field("", pattern=r"^$|^file://.+|^s3://[^/]+(/.*)?$", description=(
         "where result files live: empty (file:// under data_dir), file://PATH, or s3://BUCKET/PREFIX "
         "(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION); several backends need "
@@ -324,6 +335,30 @@ class BackendConfig(Strict):
         if published & set(self.callbacks.default_secrets):
             problems.append("callbacks.default_secrets holds a published demo webhook secret: replace it")
         return problems
+
+    def store_kind(self) -> Literal["sql", "redis", "sqlite"]:
+        if self.store:
+            return self.store
+        return "sql" if self.database_url else "redis" if self.redis_url else "sqlite"
+
+    @model_validator(mode="after")
+    def _one_store(self) -> BackendConfig:
+        if self.database_url and self.redis_url and not self.store:
+            raise ValueError("both database_url and redis_url are set: set store: sql or store: redis to say "
+                             "which one holds the tasks")
+        if self.store == "sql" and not self.database_url:
+            raise ValueError("store: sql needs database_url (or BACKEND_DATABASE_URL)")
+        if self.store == "redis" and not self.redis_url:
+            raise ValueError("store: redis needs redis_url (or REDIS_URL)")
+        if self.database_url:
+            try:
+                dialect = sync_url(self.database_url).get_dialect().name
+            except SqlError as error:
+                raise ValueError(f"database_url: {error.message}") from None
+            if dialect == "sqlite":
+                raise ValueError("database_url: the task store is on PostgreSQL or MariaDB/MySQL; for SQLite "
+                                 "leave database_url empty (the embedded store under data_dir)")
+        return self
 
     @model_validator(mode="after")
     def _timeouts(self) -> BackendConfig:

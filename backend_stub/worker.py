@@ -47,6 +47,7 @@ from backend_stub.store import Change, Lease, TaskStore, store_down
 from exports_common.contract import Status
 from exports_common.jsonlog import task_id_var, trace_id_var
 from exports_common.periodic import periodic
+from exports_common.sql import SqlError
 
 log = logging.getLogger("backend.worker")
 STORE_RETRY_SEC = 0.5
@@ -73,7 +74,7 @@ class Held:
         while True:
             try:
                 return await op()
-            except (RedisError, OSError) as exc:
+            except (RedisError, SqlError, OSError) as exc:
                 if time.monotonic() + STORE_RETRY_SEC >= self.until:
                     raise LeaseLost(str(exc)) from exc
                 log.warning("store call failed; retrying within the lease", extra={"error": str(exc)})
@@ -213,7 +214,7 @@ class Workers:
                 current, _ = await self.store.update(task.task_id,
                                                      lifecycle.report(task.attempt, job.progress, job.step))
                 await self.store.renew(lease, consumer)
-            except (RedisError, OSError) as exc:
+            except (RedisError, SqlError, OSError) as exc:
                 if time.monotonic() >= held.until:
                     raise LeaseLost(str(exc)) from exc
                 log.warning("progress not written; the export goes on within its lease", extra={"error": str(exc)})

@@ -1,16 +1,18 @@
-"""The storage interface's promises, checked against both implementations with the same tests.
+"""The storage interface's promises, checked against every implementation with the same tests.
 
-A store of another kind (a SQL database) joins by one more parameter and one more branch in `StoreKit`.
+SQLite, Redis, and the SQL store on PostgreSQL and on MariaDB (each test a database of its own).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import pytest
+import sqlalchemy as sa
 
 from backend_stub import lifecycle
 from backend_stub.config import SchedulerConfig
@@ -18,9 +20,11 @@ from backend_stub.models import Task
 from backend_stub.store.base import ChangeEntry, ChangeLogGap, DeliveryClaim, Lease, TaskStore
 from backend_stub.store.fair import Fairness
 from backend_stub.store.redis_store import RedisTaskStore
+from backend_stub.store.sql_store import SqlTaskStore
 from backend_stub.store.sqlite_store import SqliteTaskStore
 from exports_common.contract import DeliveryState, Status
 from exports_common.task_ids import new_task_id
+from tests.databases import SERVERS, SqlDatabase, scratch_database
 from tests.procs import RedisServer
 
 
@@ -33,6 +37,8 @@ class StoreKit:
         self.tmp_path = tmp_path
         self.opened: list[TaskStore] = []
         self.prefixes: dict[int, str] = {}
+        self.urls: dict[int, str] = {}
+        self.databases: list[contextlib.AbstractContextManager[SqlDatabase]] = []
 
     async def __call__(self, change_retention_sec: float = 600, **scheduler: Any) -> TaskStore:
         """A new, empty store with the scheduler settings given as keywords."""
@@ -41,6 +47,10 @@ class StoreKit:
             prefix = f"contract{time.time_ns()}"
             impl: TaskStore = RedisTaskStore(self._redis().url, prefix, fairness, change_retention_sec)
             self.prefixes[id(impl)] = prefix
+        elif self.kind in SERVERS:
+            url = self._database()
+            impl = SqlTaskStore(url, fairness, change_retention_sec)
+            self.urls[id(impl)] = url
         else:
             impl = SqliteTaskStore(str(self.tmp_path / f"store{len(self.opened)}"), fairness, change_retention_sec)
         return await self._opened(impl)
@@ -50,6 +60,8 @@ class StoreKit:
         the file, so its one handle is the peer)."""
         if self.kind == "redis":
             return await self._opened(RedisTaskStore(self._redis().url, self.prefixes[id(store)]))
+        if self.kind in SERVERS:
+            return await self._opened(SqlTaskStore(self.urls[id(store)]))
         return store
 
     def operations(self, store: TaskStore) -> Callable[[], int]:
@@ -61,6 +73,13 @@ class StoreKit:
                 return int(client.info("stats")["total_commands_processed"])
             start = commands()
             return lambda: commands() - start - 1  # not counting the INFO that asks
+        if isinstance(store, SqlTaskStore):
+            sent = [0]
+
+            def counted(*_: Any) -> None:
+                sent[0] += 1
+            sa.event.listen(store.engine.sync_engine, "before_cursor_execute", counted)
+            return lambda: sent[0]
         assert isinstance(store, SqliteTaskStore)
         statements = [0]
 
@@ -68,6 +87,12 @@ class StoreKit:
             statements[0] += 1
         store.db.set_trace_callback(count)
         return lambda: statements[0]
+
+    def _database(self) -> str:
+        """A new database of this test's own on the machine's server, dropped at the end of the test."""
+        database = scratch_database(SERVERS[self.kind], self.request.node.name)
+        self.databases.append(database)
+        return database.__enter__().url
 
     def _redis(self) -> RedisServer:
         redis: RedisServer = self.request.getfixturevalue("redis_server")
@@ -81,12 +106,14 @@ class StoreKit:
     async def close(self) -> None:
         for impl in self.opened:
             await impl.close()
+        for database in reversed(self.databases):
+            database.__exit__(None, None, None)
 
 
 OpenStore = StoreKit
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", *sorted(SERVERS)])
 async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StoreKit]:
     kit = StoreKit(request.param, request, tmp_path)
     yield kit
@@ -491,3 +518,13 @@ async def test_a_newer_notification_waits_for_the_claimed_one_and_fences_its_out
     assert await _due(other) == [task.task_id]
     second = await other.claim_callback(task.task_id, "b", 30)
     assert second is not None and second.seq == 2
+
+
+async def test_a_type_definition_is_kept_under_its_digest_once_and_read_back(open_store: OpenStore) -> None:
+    store = await open_store()
+    other = await open_store.peer(store)
+    assert await store.type_definition("d1") is None
+    await store.put_type_definition("d1", '{"source": {"kind": "synthetic"}}')
+    await other.put_type_definition("d1", '{"source": {"kind": "synthetic"}}')  # again, from another backend
+    assert await other.type_definition("d1") == '{"source": {"kind": "synthetic"}}'
+    assert await store.type_definition("d2") is None

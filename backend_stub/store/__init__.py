@@ -8,6 +8,7 @@ from redis.exceptions import RedisError
 from backend_stub.config import BackendConfig
 from backend_stub.store.base import Change, ChangeEntry, ChangeLogGap, DeliveryClaim, Lease, TaskStore
 from backend_stub.store.fair import Fairness
+from exports_common.sql import EngineSettings, SqlError
 
 
 def store_down(waiting: str) -> dict[type[Exception], str]:
@@ -16,14 +17,26 @@ def store_down(waiting: str) -> dict[type[Exception], str]:
         RedisError: f"the task store (Redis) does not answer; {waiting} until it does: check that Redis runs "
                     "at redis_url",
         sqlite3.Error: f"the task store (SQLite) failed; {waiting} until it works: check data_dir's disk",
+        SqlError: f"the task store (SQL database) does not answer; {waiting} until it does: check that the "
+                  "server at database_url runs",
         OSError: f"the task store cannot be reached; {waiting} until it can",
     }
+
+
+def sql_settings(config: BackendConfig) -> EngineSettings:
+    return EngineSettings(pool_size=config.database_pool_size, pool_timeout=config.database_pool_timeout_sec,
+                          application_name="exports-backend")
 
 
 def open_store(config: BackendConfig) -> TaskStore:
     fairness = Fairness(config.scheduler)
     retention = config.change_log.retention_sec
-    if config.redis_url:
+    kind = config.store_kind()
+    if kind == "sql":
+        from backend_stub.store.sql_store import SqlTaskStore
+
+        return SqlTaskStore(config.database_url, fairness, retention, sql_settings(config))
+    if kind == "redis":
         from backend_stub.store.redis_store import RedisTaskStore
 
         return RedisTaskStore(config.redis_url, config.redis_prefix, fairness, retention)
@@ -32,4 +45,5 @@ def open_store(config: BackendConfig) -> TaskStore:
     return SqliteTaskStore(config.data_dir, fairness, retention)
 
 
-__all__ = ["Change", "ChangeEntry", "ChangeLogGap", "DeliveryClaim", "Lease", "TaskStore", "open_store", "store_down"]
+__all__ = ["Change", "ChangeEntry", "ChangeLogGap", "DeliveryClaim", "Lease", "TaskStore", "open_store", "sql_settings",
+           "store_down"]
