@@ -32,7 +32,7 @@ from exports_common.task_ids import new_task_id
 from tests.conftest import backend_config, synthetic_type
 from tests.databases import MariaDBInstance, PostgresInstance, SqlDatabase
 from tests.helpers import backend_create, wait_status
-from tests.procs import ROOT, Service, wait_until
+from tests.procs import ROOT, SERVICE_TOKEN_ENV, Service, backend_headers, wait_until
 
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -75,7 +75,7 @@ def test_a_backend_whose_database_is_unreachable_exits_with_one_line(tmp_path: P
     path = tmp_path / "backend.yaml"
     path.write_text(yaml.safe_dump(config))
     ended = subprocess.run([sys.executable, "-m", "backend_stub", "run", "--config", str(path)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, env=os.environ | SERVICE_TOKEN_ENV)
     assert ended.returncode == 2, ended.stderr
     assert "Traceback" not in ended.stderr and ended.stderr.count("\n") == 1, ended.stderr
     assert "cannot reach the database at postgresql" in ended.stderr and "127.0.0.1:1/test" in ended.stderr
@@ -243,7 +243,7 @@ def test_two_backends_one_killed_mid_run_every_task_completes_and_the_killed_one
         assert task_id in _started(survivor)
     assert all(final["attempt"] == 1 for t, final in finals.items() if t not in interrupted), \
         "nothing else ran twice"
-    assert httpx.get(f"{survivor.url}/exports/{ids[0]}/file", timeout=10).status_code == 200
+    assert httpx.get(f"{survivor.url}/exports/{ids[0]}/file", headers=backend_headers(), timeout=10).status_code == 200
 
 
 # -- a database restart -------------------------------------------------------------------------------
