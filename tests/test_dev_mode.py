@@ -106,7 +106,12 @@ def test_check_config_warns_about_published_defaults_and_exits_0(module: str, pa
 
 def test_check_config_is_quiet_for_production_settings_and_exits_2_on_errors(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
-    good.write_text(yaml.safe_dump(gateway_config(tmp_path, "http://127.0.0.1:9")))
+    config = gateway_config(tmp_path, "http://127.0.0.1:9")
+    for route in config["routes"]:  # the suite's gateways allow loopback callbacks in the older place: not here
+        for plugin in route["plugins"]:
+            if isinstance(plugin, dict) and "validate" in plugin:
+                plugin["validate"].pop("callback", None)
+    good.write_text(yaml.safe_dump(config))
     result = subprocess.run([sys.executable, "-m", "gateway", "check-config", str(good)], cwd=ROOT,
                             capture_output=True, text=True, timeout=60, env=_env())
     assert result.returncode == 0 and "warning" not in result.stderr and result.stdout.strip().endswith("OK")

@@ -105,7 +105,7 @@ def test_a_killed_endpoint_is_ejected_without_client_errors_and_comes_back(
         upstream = {"endpoints": [b.url for b in backends], "balance": "round_robin",
                     "outlier_detection": {"consecutive_connect_failures": 2, "base_ejection_sec": 2}}
         config = gateway_config(tmp_path / "g", backends[0].url, redis.url)
-        config["upstreams"]["exports"] = upstream
+        config["upstreams"]["exports"] = {**upstream, "service_token": config["upstreams"]["exports"]["service_token"]}
         gateway = services("gateway", config, name="g")
 
         def list_tasks() -> int:

@@ -17,7 +17,7 @@ import yaml
 
 from tests.conftest import DEMO_KEY, backend_config, gateway_config
 from tests.helpers import wait_status
-from tests.procs import ROOT, Service, free_port, wait_until
+from tests.procs import ROOT, SERVICE_TOKEN, Service, free_port, wait_until
 from tests.receiver import Receiver
 
 RULES = ROOT / "ops" / "prometheus" / "alerts.yml"
@@ -45,14 +45,17 @@ def test_rules_are_valid_and_their_unit_tests_fire_and_stay_quiet() -> None:
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
+def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str], list[str]], str]]:
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(targets: list[str]) -> str:
+    def start(backends: list[str], gateways: list[str]) -> str:
         port = free_port()
         config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                   "rule_files": [str(RULES)],
-                  "scrape_configs": [{"job_name": "stack", "static_configs": [{"targets": targets}]}]}
+                  "scrape_configs": [  # a backend answers only callers with its service token, Prometheus too
+                      {"job_name": "backends", "static_configs": [{"targets": backends}],
+                       "authorization": {"credentials": SERVICE_TOKEN}},
+                      {"job_name": "gateways", "static_configs": [{"targets": gateways}]}]}
         path = tmp_path / "prometheus.yml"
         path.write_text(yaml.safe_dump(config))
         log = open(tmp_path / "prometheus.log", "wb")
@@ -90,11 +93,11 @@ def _traffic(gateway: Service, hook: Receiver) -> None:
 
 
 def test_every_dashboard_query_has_data_and_the_rules_load(services: Callable[..., Service], tmp_path: Path,
-                                                           prometheus: Callable[[list[str]], str]) -> None:
+                                                           prometheus: Callable[[list[str], list[str]], str]) -> None:
     with Receiver() as hook:
         backend = services("backend_stub", backend_config(tmp_path, callbacks={"allow_networks": ["127.0.0.0/8"]}))
         gateway = services("gateway", gateway_config(tmp_path, backend.url))
-        url = prometheus([backend.url.removeprefix("http://"), gateway.url.removeprefix("http://")])
+        url = prometheus([backend.url.removeprefix("http://")], [gateway.url.removeprefix("http://")])
         _traffic(gateway, hook)
         panels = json.loads(DASHBOARD.read_text())["panels"]
         exprs = [target["expr"] for panel in panels for target in panel["targets"]]
