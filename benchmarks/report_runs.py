@@ -167,12 +167,12 @@ def measure_chains(s: Settings, chains: list[str], drops: dict[str, list[frozens
     seconds = s.seconds(10, 2)
     with processes() as procs:
         backend = procs.start("backend_stub", backend_config(procs.workdir, log_level="warning",
-                                                             export_types=STUCK), "backend")
+                                                             export_types=STUCK), "backend", timeout=STARTUP_SEC)
         base = gateway_config(procs.workdir, backend.url, log_level="warning")
         chosen, skipped = variants(base, chains, drops)
         routes = {r["name"]: r for r in base["routes"]}
         base["routes"] += [variant_route(routes[CHAINS[v.chain]], v) for v in chosen]
-        gateway = procs.start("gateway", base, "gateway")
+        gateway = procs.start("gateway", base, "gateway", timeout=STARTUP_SEC)
         done = submit_and_wait(gateway.url, {"export_type": "report_export"}, {"COMPLETED"})
         runs = []
         for v in chosen:
@@ -245,11 +245,11 @@ def guarantee_costs(s: Settings) -> str:
     runs, _ = measure_chains(s, ["submit", "hit"], {"submit": [frozenset({"idempotency"}), frozenset({"outbox"}), both],
                                                     "hit": [frozenset({"status_cache"})]})
     rows = []
-    for chain, dropped, what in (("submit", frozenset({"idempotency"}), "submit without idempotency"),
-                                 ("submit", frozenset({"outbox"}), "submit without the outbox"),
-                                 ("submit", both, "submit without idempotency and the outbox"),
-                                 ("hit", frozenset({"status_cache"}), "poll of a finished task without the status "
-                                                                      "cache (every poll proxied)")):
+    for chain, dropped, what in (("submit", frozenset({"idempotency"}), "idempotency (a submit)"),
+                                 ("submit", frozenset({"outbox"}), "the outbox (a submit)"),
+                                 ("submit", both, "idempotency and the outbox (a submit)"),
+                                 ("hit", frozenset({"status_cache"}), "the status cache (a poll of a finished task; "
+                                                                      "without it every poll is proxied)")):
         full = [r for r in runs if r.variant.chain == chain and r.variant.label.startswith("full")]
         cpu_full = statistics.mean(r.cpu_us for r in full)
         noise = abs(full[0].cpu_us - full[-1].cpu_us)
@@ -303,6 +303,10 @@ class Paced:
     refused: int
     other: int
 
+    @property
+    def sent(self) -> int:
+        return self.ok + self.refused + self.other
+
 
 def paced(url: str, rate: float, seconds: float, connections: int, prelude: str = "") -> tuple[wrk.WrkResult, Paced]:
     """wrk offering `rate` requests a second; `prelude`: Lua run first (a method, a body, a `request`)."""
@@ -351,32 +355,59 @@ def admitted_so_far(gateway: Service) -> int:
     return total
 
 
-def unused_tokens(redis: RedisServer) -> float:
-    """What the shared bucket of the benchmark's tenant holds now (GCRA: burst - (TAT - now) / interval)."""
-    client = redis.client()
-    stored = client.get("gw:rl:{demo}:requests")
+def redis_ms(redis: RedisServer) -> float:
+    seconds, micros = redis.client().time()
+    return float(seconds * 1000 + micros / 1000)
+
+
+def unused_tokens(redis: RedisServer) -> tuple[float, float]:
+    """What the shared bucket of the benchmark's tenant holds now (GCRA: burst - (TAT - now) / interval), and
+    now on the Redis clock (ms)."""
+    stored = redis.client().get("gw:rl:{demo}:requests")
+    now_ms = redis_ms(redis)
     if stored is None:
-        return float(LIMIT_BURST)
-    seconds, micros = client.time()
-    now_ms = seconds * 1000 + micros / 1000
-    return max(0.0, LIMIT_BURST - (float(stored) - now_ms) * LIMIT_PER_SEC / 1000)
+        return float(LIMIT_BURST), now_ms
+    return max(0.0, LIMIT_BURST - (float(stored) - now_ms) * LIMIT_PER_SEC / 1000), now_ms
 
 
 def storm_limits(gateways: list[Service], task_id: str, seconds: float, redis: RedisServer | None = None
-                 ) -> tuple[list[Paced], float]:
+                 ) -> tuple[list[Admitted], float, float]:
     """Paced load on each gateway at once; `ok` is what each gateway admitted (its metrics). With `redis`, also
-    what the shared bucket held unused when the load stopped."""
+    what the shared bucket held unused when the load stopped, and the seconds from the bucket's reset to then
+    (the wrk runs start and end a little apart); without, `seconds`."""
     rates = offered_split(len(gateways))
     before = [admitted_so_far(g) for g in gateways]
+    started = 0.0
+    if redis is not None:
+        # a full bucket the moment the load starts: tokens a full bucket gains meanwhile are not kept
+        redis.client().flushall()
+        started = redis_ms(redis)
     with ThreadPoolExecutor(len(gateways)) as pool:
-        futures = [pool.submit(paced, f"{g.url}{API}/{task_id}", rate, seconds, 64 if rate > 500 else 16)
+        futures = [pool.submit(paced, f"{g.url}{API}/{task_id}", rate, seconds, 256 if rate > 500 else 32)
                    for g, rate in zip(gateways, rates, strict=True)]
         counts = [f.result()[1] for f in futures]
-    unused = unused_tokens(redis) if redis is not None else 0.0
+    unused, window = 0.0, seconds
+    if redis is not None:
+        unused, ended = unused_tokens(redis)
+        window = (ended - started) / 1000
     time.sleep(1)  # answers still in flight are counted
-    for count, gateway, start in zip(counts, gateways, before, strict=True):
-        count.ok = admitted_so_far(gateway) - start
-    return counts, unused
+    # what wrk was answered, and what each gateway's metrics say it admitted (answers wrk still awaited included)
+    return [Admitted(c, admitted_so_far(g) - start) for c, g, start in zip(counts, gateways, before, strict=True)], \
+        unused, window
+
+
+@dataclass
+class Admitted:
+    answered: Paced
+    ok: int
+
+    @property
+    def sent(self) -> int:
+        return self.answered.sent
+
+    @property
+    def refused(self) -> int:
+        return self.answered.refused
 
 
 def verdict(ratio: float, offered: float) -> str:
@@ -389,21 +420,21 @@ def verdict(ratio: float, offered: float) -> str:
 
 def accuracy(s: Settings) -> str:
     seconds = s.seconds(60, 5)
-    down_seconds = s.seconds(20, 5)
-    allowed = LIMIT_BURST + LIMIT_PER_SEC * seconds
+    down_seconds = s.seconds(15, 5)
     rows, down_rows = [], []
     with processes() as procs:
-        backend = procs.start("backend_stub", backend_config(procs.workdir, log_level="warning"), "backend")
+        backend = procs.start("backend_stub", backend_config(procs.workdir, log_level="warning"), "backend",
+                timeout=STARTUP_SEC)
         redis = RedisServer(procs.workdir).start()
         try:
             for n in (1, 2, 4, 8):
                 gateways = limited_gateways(procs, backend, redis.url, n, n, f"acc{n}")
-                redis.client().flushall()  # a full bucket at the start
-                counts, unused = storm_limits(gateways, UNKNOWN_TASK, seconds, redis)
+                counts, unused, window = storm_limits(gateways, UNKNOWN_TASK, seconds, redis)
                 for g in gateways:
                     g.stop()
+                allowed = LIMIT_BURST + LIMIT_PER_SEC * window
                 admitted = sum(c.ok for c in counts)
-                offered = sum(c.ok + c.refused + c.other for c in counts) / seconds
+                offered = sum(c.sent for c in counts) / seconds
                 ratio = admitted / allowed
                 per = " / ".join(f"{c.ok:,}" for c in counts)
                 refused = sum(c.refused for c in counts)
@@ -419,7 +450,7 @@ def accuracy(s: Settings) -> str:
                 gateways = limited_gateways(procs, backend, redis.url, 2, declared, f"down{declared}")
                 for g in gateways:  # each learns that Redis is gone; its local share starts full
                     httpx.get(f"{g.url}{API}/{UNKNOWN_TASK}", headers=AUTH, timeout=10)
-                counts, _ = storm_limits(gateways, UNKNOWN_TASK, down_seconds)
+                counts, _, _ = storm_limits(gateways, UNKNOWN_TASK, down_seconds)
                 for g in gateways:
                     g.stop()
                 admitted = sum(c.ok for c in counts)
@@ -437,7 +468,8 @@ def accuracy(s: Settings) -> str:
         "paced wrk per process; the offered column is what wrk managed to send). The requests name a task id the "
         "route's `task_id` check refuses right after the limiter, so an admitted request costs nothing more and "
         "the figure is the limiter's. Allowed = burst + rate x duration; admitted = every answer but 429, counted "
-        "by each gateway's metrics.", "",
+        "by each gateway's metrics; the duration runs from the bucket's reset, as the load starts, to the end of the "
+        "last wrk (on the Redis clock).", "",
         "| gateway processes | offered | admitted per process | admitted | refused (429) | allowed "
         "| admitted / allowed | unused in the bucket at the end | (admitted + unused) / allowed | goal 1 ± 2 % "
         "| source |",
@@ -469,11 +501,11 @@ def storm_requests(gateways: list[Service], ids: list[str], seconds: float, conn
 
 
 def coalescing(s: Settings) -> str:
-    seconds = s.seconds(20, 4)
+    seconds = s.seconds(15, 4)
     rows = []
     with processes() as procs:
         backend = procs.start("backend_stub", backend_config(procs.workdir, log_level="warning", workers=10,
-                                                             export_types=STUCK), "backend")
+                                                             export_types=STUCK), "backend", timeout=STARTUP_SEC)
         redis = RedisServer(procs.workdir).start()
         try:
             setups: dict[str, list[Service]] = {}
@@ -483,7 +515,8 @@ def coalescing(s: Settings) -> str:
                     n, shared = (1, "") if kind == "1" else (2, "" if kind == "2 embedded" else redis.url)
                     setups[kind] = [procs.start("gateway", gateway_config(
                         procs.workdir / f"co-{kind}-{i}".replace(" ", "-"), backend.url, shared, log_level="warning",
-                        gateway_processes=n, connection_limits={"max_connections": 2048}), f"co{len(setups)}-{i}")
+                        gateway_processes=n, connection_limits={"max_connections": 2048}), f"co{len(setups)}-{i}",
+                                timeout=STARTUP_SEC)
                         for i in range(n)]
                 return setups[kind]
 
@@ -555,8 +588,9 @@ def degradation(s: Settings) -> str:
     outage = s.seconds(30, 8)
     with processes() as procs:
         backend = procs.start("backend_stub", backend_config(procs.workdir, log_level="warning", workers=4),
-                              "backend")
-        gateway = procs.start("gateway", gateway_config(procs.workdir, backend.url, log_level="warning"), "gateway")
+                              "backend", timeout=STARTUP_SEC)
+        gateway = procs.start("gateway", gateway_config(procs.workdir, backend.url, log_level="warning"), "gateway",
+                timeout=STARTUP_SEC)
         known = [submit_and_wait(gateway.url, {"export_type": "report_export"}, {"COMPLETED"}) for _ in range(10)]
         for task_id in known:
             httpx.get(f"{gateway.url}{API}/{task_id}", headers=AUTH)
@@ -614,8 +648,9 @@ def push_vs_poll(s: Settings) -> str:
     with processes() as procs:
         types = {"watched_export": synthetic_type("orders", 1000, 2, fault={"delay_sec": task_sec})}
         backend = procs.start("backend_stub", backend_config(procs.workdir, log_level="warning", workers=tasks,
-                                                             export_types=types), "backend")
-        gateway = procs.start("gateway", gateway_config(procs.workdir, backend.url, log_level="warning"), "gateway")
+                                                             export_types=types), "backend", timeout=STARTUP_SEC)
+        gateway = procs.start("gateway", gateway_config(procs.workdir, backend.url, log_level="warning"), "gateway",
+                timeout=STARTUP_SEC)
         streamed, streamed_sec = follow(gateway.url, backend, True, tasks)
         polled, polled_sec = follow(gateway.url, backend, False, tasks)
     print(f"  push {streamed} vs poll {polled} backend requests for {tasks} tasks", flush=True)
