@@ -124,6 +124,7 @@ class Limiter:
         self.prefix = prefix
         self._script: Any = redis.register_script(_GCRA) if redis is not None else None
         self._redis_down_until = 0.0
+        self._answered_at = 0.0  # when Redis last answered a check of this process
         # bucket -> when Redis said the next request fits: until then every gateway's request would be
         # refused too (no token accrues anywhere sooner), so a flood's refusals cost no round trip
         self._refused_until: dict[str, float] = {}
@@ -159,16 +160,19 @@ class Limiter:
                 allowed, remaining, retry_ms, reset_ms = await self._script(
                     keys=[key], args=[1000.0 * quota.interval, 1000.0 * quota.window_sec])
         except (RedisError, OSError, TimeoutError) as exc:
-            if isinstance(exc, TimeoutError) and time.monotonic() - asked > REDIS_TIMEOUT_SEC + LATE_TIMER_SEC:
-                # the timer ran late: this process was not running (a loaded machine), not Redis, and the answer
-                # had most likely come. This request is decided locally; the next ones ask Redis again, since a
-                # second kept to the local share would hold the process to 1 / gateway_processes of the limit
+            if isinstance(exc, TimeoutError) and (self._answered_at > asked
+                                                  or time.monotonic() - asked > REDIS_TIMEOUT_SEC + LATE_TIMER_SEC):
+                # Redis answered other checks meanwhile, or the timer ran late: this process is what was slow
+                # (busy, or not running on a loaded machine), not Redis. This request is decided locally; the next
+                # ones ask Redis again, since a second kept to the local share would hold the process to
+                # 1 / gateway_processes of the limit
                 return self.local.hit((tag, limit), quota.share(processes))
             if not self._redis_down_until:
                 log.warning("rate limits: Redis unreachable; each gateway process enforces its share locally "
                             "until it is back", extra={"error": repr(exc), "processes": processes})
             self._redis_down_until = time.monotonic() + REDIS_RETRY_SEC
             return self.local.hit((tag, limit), quota.share(processes))
+        self._answered_at = time.monotonic()
         if self._redis_down_until:
             log.info("rate limits: Redis is back; limits are shared again")
             self._redis_down_until = 0.0
