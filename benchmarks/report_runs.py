@@ -137,9 +137,11 @@ def variants(base: dict[str, Any], chains: list[str], drops: dict[str, list[froz
             label = "without " + " and ".join(sorted(dropped))
             kept_why = next((KEPT[(chain, n)] for n in dropped if (chain, n) in KEPT and drops is None), None)
             variant = Variant(chain, label, dropped, f"v{next(counter)}")
-            why = kept_why or refusal({**base, "routes": [*base["routes"], variant_route(route, variant)]})
-            if why:  # a config problem reads "routes[i].plugins[j].name: route `x`: what and why"
-                skipped.append((chain, " and ".join(sorted(dropped)), why.split(": ", 2)[-1]))
+            problem = refusal({**base, "routes": [*base["routes"], variant_route(route, variant)]})
+            # a config problem reads "routes[i].plugins[j].name: route `x`: what and why"
+            why = kept_why or (problem.split(": ", 2)[-1] if problem else None)
+            if why:
+                skipped.append((chain, " and ".join(sorted(dropped)), why))
             else:
                 middle.append(variant)
         # the two identical full chains open and close the chain's runs: their difference is the run's noise
