@@ -24,10 +24,10 @@ class Processes:
         self.started: list[Service] = []
 
     def start(self, module: str, config: dict[str, Any], name: str, root: Path | None = None,
-              env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Service:
+              env: dict[str, str] | None = None, args: tuple[str, ...] = (), timeout: float = 20.0) -> Service:
         if module == "gateway":
             env = RAISED_LIMITS | (env or {})
-        service = Service(module, config, self.workdir, name, root=root or ROOT, env=env, args=args).start()
+        service = Service(module, config, self.workdir, name, root=root or ROOT, env=env, args=args).start(timeout)
         self.started.append(service)
         return service
 

@@ -44,6 +44,13 @@ def require_wrk() -> str:
 def run(url: str, seconds: float = 8, connections: int = 32, threads: int = 1, headers: dict[str, str] | None = None,
         lua: str | None = None, cpu: int | None = None) -> WrkResult:
     """`cpu`: run wrk on that core alone (see harness.pin)."""
+    return run_with_output(url, seconds, connections, threads, headers, lua, cpu)[0]
+
+
+def run_with_output(url: str, seconds: float = 8, connections: int = 32, threads: int = 1,
+                    headers: dict[str, str] | None = None, lua: str | None = None, cpu: int | None = None
+                    ) -> tuple[WrkResult, str]:
+    """`run`, with what wrk printed (a Lua script's `done` may print its own counts there)."""
     cmd = [require_wrk(), f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency"]
     for name, value in (headers or {}).items():
         cmd += ["-H", f"{name}: {value}"]
@@ -64,4 +71,4 @@ def run(url: str, seconds: float = 8, connections: int = 32, threads: int = 1, h
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     errors = (int(bad.group(1)) if bad else 0) + (sum(int(x) for x in sock.groups()) if sock else 0)
-    return WrkResult(rps, p50, p99, requests, errors)
+    return WrkResult(rps, p50, p99, requests, errors), out

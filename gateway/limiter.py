@@ -29,6 +29,8 @@ log = logging.getLogger("gateway.limiter")
 REDIS_RETRY_SEC = 1.0
 # a check that Redis has not answered by then is decided locally (a stalled Redis must not stall requests)
 REDIS_TIMEOUT_SEC = 0.25
+# a timeout that fired later than this after its time says the process stalled, not Redis
+LATE_TIMER_SEC = 0.05
 # A request is admitted when it fits within half an interval: a bucket's sums meet its depth only up to
 # rounding (clocks are large numbers: seconds since boot here, milliseconds since 1970 in Redis, where the TAT
 # is also stored to the microsecond), and compared exactly a full burst sent at one instant often lost its
@@ -121,6 +123,7 @@ class Limiter:
         self.prefix = prefix
         self._script: Any = redis.register_script(_GCRA) if redis is not None else None
         self._redis_down_until = 0.0
+        self._answered_at = 0.0  # when Redis last answered a check of this process
         # bucket -> when Redis said the next request fits: until then every gateway's request would be
         # refused too (no token accrues anywhere sooner), so a flood's refusals cost no round trip
         self._refused_until: dict[str, float] = {}
@@ -150,16 +153,25 @@ class Limiter:
                 return self.local.hit((tag, limit), quota.share(processes))
             # this request tries Redis again; the others keep to the local share meanwhile
             self._redis_down_until = now + REDIS_RETRY_SEC
+        asked = time.monotonic()
         try:
             async with asyncio.timeout(REDIS_TIMEOUT_SEC):
                 allowed, remaining, retry_ms, reset_ms = await self._script(
                     keys=[key], args=[1000.0 * quota.interval, 1000.0 * quota.window_sec])
         except (RedisError, OSError, TimeoutError) as exc:
+            if isinstance(exc, TimeoutError) and (self._answered_at > asked
+                                                  or time.monotonic() - asked > REDIS_TIMEOUT_SEC + LATE_TIMER_SEC):
+                # Redis answered other checks meanwhile, or the timer ran late: this process is what was slow
+                # (busy, or not running on a loaded machine), not Redis. This request is decided locally; the next
+                # ones ask Redis again, since a second kept to the local share would hold the process to
+                # 1 / gateway_processes of the limit
+                return self.local.hit((tag, limit), quota.share(processes))
             if not self._redis_down_until:
                 log.warning("rate limits: Redis unreachable; each gateway process enforces its share locally "
                             "until it is back", extra={"error": repr(exc), "processes": processes})
             self._redis_down_until = time.monotonic() + REDIS_RETRY_SEC
             return self.local.hit((tag, limit), quota.share(processes))
+        self._answered_at = time.monotonic()
         if self._redis_down_until:
             log.info("rate limits: Redis is back; limits are shared again")
             self._redis_down_until = 0.0

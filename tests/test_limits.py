@@ -6,8 +6,10 @@ limits raised through the environment).
 """
 from __future__ import annotations
 
+import asyncio
 import random
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +19,7 @@ import httpx
 import pytest
 from redis import asyncio as aioredis
 
-from gateway.limiter import Limiter, Quota, gcra
+from gateway.limiter import REDIS_TIMEOUT_SEC, Limiter, Quota, gcra
 from tests.conftest import ADMIN_TOKEN, DEMO2_KEY, DEMO_KEY, backend_config, gateway_config
 from tests.helpers import assert_envelope_error
 from tests.procs import RedisServer, Service, free_port, load_default
@@ -201,6 +203,40 @@ def test_the_outbox_is_capped_per_tenant_and_in_all(services: Callable[..., Serv
     assert int(full.headers["retry-after"]) >= 1
     stats = httpx.get(f"{gateway.url}/admin/stats", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()
     assert stats["data"]["outbox"]["pending"] == 4
+
+
+def test_a_process_that_stalled_past_the_redis_timeout_asks_redis_again_at_once(tmp_path: Path) -> None:
+    """On a loaded machine a gateway process is sometimes not scheduled for longer than the Redis timeout: its
+    check then times out though Redis answered. That is no Redis outage: the next check must go to Redis, not
+    keep to this process's local share (1 / gateway_processes of the limit) for a second."""
+    redis = RedisServer(tmp_path).start()  # our own: it is paused below
+    assert redis.proc is not None
+    quota = Quota(per_sec=1, burst=1000)  # each admitted check moves the stored TAT a second on
+    key = "stall:rl:{t}:requests"
+
+    async def run() -> tuple[Any, Any]:
+        client = aioredis.Redis.from_url(redis.url)
+        limiter = Limiter(client, "stall")
+        assert (await limiter.hit("t", "requests", quota, 8)).allowed  # connected, the script loaded
+        assert redis.proc is not None
+        redis.proc.send_signal(signal.SIGSTOP)  # the next answer waits ...
+        pending = asyncio.ensure_future(limiter.hit("t", "requests", quota, 8))
+        await asyncio.sleep(0.05)  # ... the check is sent
+        threading.Timer(0.1, redis.proc.send_signal, (signal.SIGCONT,)).start()  # ... and comes while
+        time.sleep(REDIS_TIMEOUT_SEC + 0.2)  # this process is not running, past its timeout
+        assert (await pending).allowed  # decided locally
+        before = await client.get(key)
+        await limiter.hit("t", "requests", quota, 8)
+        after = await client.get(key)
+        await client.aclose()
+        return before, after
+
+    try:
+        before, after = asyncio.run(run())
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+        redis.stop()
+    assert before is not None and after is not None and after != before, "the next check did not ask Redis"
 
 
 def test_gcra_admits_the_burst_at_once_then_the_rate() -> None:

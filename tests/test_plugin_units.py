@@ -139,6 +139,58 @@ def test_status_cache_answers_a_terminal_status_from_its_store(tmp_path: Path) -
     assert stats["status_cache"]["hits"] == 1 and stats["status_cache"]["misses"] == 1
 
 
+class HeldReads:
+    """The cache's store read across an await, as Redis is: `hold` keeps each read's answer until `release`."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.get_now = None
+        self.hold = False
+        self.release = asyncio.Event()
+
+    async def get(self, key: str) -> bytes | None:
+        raw = await self.inner.get(key)
+        if self.hold:
+            await self.release.wait()
+        return raw
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_status_cache_a_miss_read_while_the_fill_ran_shares_its_answer(tmp_path: Path) -> None:
+    """A poll whose store read missed before the fill was stored, and came back after it ended, found no call in
+    flight any more: with a remote store, a storm of polls made several upstream calls per TTL that way."""
+    svc = services(tmp_path)
+    gate = asyncio.Event()
+    calls: list[RequestContext] = []
+
+    async def upstream(ctx: RequestContext) -> GatewayResponse:
+        calls.append(ctx)
+        await gate.wait()
+        return GatewayResponse.envelope({"status": "COMPLETED", "task_id": "t"})
+
+    cache: Any = plugin("status_cache", {}, upstream, svc)
+    store = cache.store = HeldReads(cache.store)
+    cache.get_now = None
+
+    async def race() -> list[str | None]:
+        leader = asyncio.create_task(cache(context(tenant="a", params={"task_id": "t"})))
+        while not calls:
+            await asyncio.sleep(0)
+        store.hold = True
+        follower = asyncio.create_task(cache(context(tenant="a", params={"task_id": "t"})))
+        await asyncio.sleep(0.01)  # its read has missed and is held
+        gate.set()
+        first = await leader  # stored and out of flight
+        store.release.set()
+        second = await follower
+        return [first.header("x-cache"), second.header("x-cache"), str(second.status)]
+
+    assert asyncio.run(race()) == ["MISS", "MISS", "200"]
+    assert len(calls) == 1, "the follower's miss must share the leader's answer, not call the upstream again"
+
+
 def test_plugins_run_as_listed_and_the_upstream_call_last_which_serves_rerun_too(tmp_path: Path) -> None:
     svc = services(tmp_path)
     svc.upstreams = {"exports": _upstream()}

@@ -74,6 +74,9 @@ class StatusCache(PluginBase[StatusCacheSettings]):
         self._in_flight: dict[str, asyncio.Future[bytes]] = {}
         # key -> (the stored bytes it was decoded from, the answer): valid while the store returns those bytes
         self._decoded: dict[str, tuple[bytes, GatewayResponse]] = {}
+        # key -> (the answer of this process's latest fill, when it ended), for a store read across an await
+        # (Redis): a miss read while the fill ran shares its answer, as a poll that came during the call does
+        self._filled: dict[str, tuple[bytes, float]] = {}
 
     @classmethod
     async def stats(cls, services: Services) -> dict[str, Any]:
@@ -84,7 +87,17 @@ class StatusCache(PluginBase[StatusCacheSettings]):
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         key = ctx.tenant_key(self.param)
-        raw = self.get_now(key) if self.get_now is not None else await self.store.get(key)
+        if self.get_now is not None:
+            raw = self.get_now(key)
+        else:
+            asked = time.monotonic()
+            raw = await self.store.get(key)
+            filled = self._filled.get(key) if raw is None else None
+            if filled is not None and filled[1] >= asked:
+                # the store was read while this process was filling it, and the fill ended before the read's
+                # answer came: its answer is as fresh as a coalesced one, and a second upstream call is spared
+                self.lookups.add(self.route, "coalesced")
+                return _answer(filled[0], "MISS")
         if raw is not None:
             self.lookups.add(self.route, "hit")
             decoded = self._decoded.get(key)
@@ -126,6 +139,10 @@ class StatusCache(PluginBase[StatusCacheSettings]):
             if self._in_flight.get(key) is future:
                 del self._in_flight[key]
         future.set_result(snapshot)
+        if self.get_now is None:
+            if len(self._filled) >= DECODED_ENTRIES:
+                self._filled.clear()
+            self._filled[key] = (snapshot, time.monotonic())
         return snapshot
 
     async def _snapshot(self, resp: GatewayResponse, key: str) -> bytes:
