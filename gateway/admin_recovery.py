@@ -8,6 +8,7 @@ an operator's re-run links back to it, as a TIMEOUT re-run links to the poll.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Awaitable, Callable
@@ -82,13 +83,20 @@ class AdminRecovery:
             carrier: dict[str, str] = {}
             inject(carrier)
             try:
-                answer = await services.client.request(request.method, url, headers + list(carrier.items()), body,
-                                                       upstream.timeouts)
-                content = await answer.read()
+                # the whole call, its answer read whole included, within connect + 3 x read: a backend that
+                # trickles its answer (each read quick) cannot hold an operator's request longer
+                async with asyncio.timeout(upstream.timeouts.connect + 3 * upstream.timeouts.read):
+                    answer = await services.client.request(request.method, url, headers + list(carrier.items()),
+                                                           body, upstream.timeouts)
+                    content = await answer.read()
             except UpstreamError as exc:
                 span.set_status(StatusCode.ERROR, str(exc))
                 self._audit(request, action, "unreachable", services)
                 raise ApiError(ErrorKind.UPSTREAM_UNREACHABLE, data={"reason": exc.kind}) from exc
+            except TimeoutError as exc:
+                span.set_status(StatusCode.ERROR, "timeout")
+                self._audit(request, action, "timeout", services)
+                raise ApiError(ErrorKind.UPSTREAM_TIMEOUT, data={"reason": "total"}) from exc
             span.set_attribute("http.response.status_code", answer.status)
         return answer, content
 

@@ -4,7 +4,8 @@ Run as `python -m tests.hostile_upstream run --config FILE` (the file names the 
 services. Each answer closes its connection. By the request's path:
 - `/healthz`: 200.
 - `/endless/...`: a JSON answer, chunked, that never ends: 64 KiB pieces as fast as the reader takes them.
-- `/drip/...`: a JSON answer, one byte every 0.2 s, for ever (each read is quick: only a total stops it).
+- `/drip/...` and `/internal/...`: a JSON answer, one byte every 0.2 s, for ever (each read is quick: only a
+  total stops it).
 - `/coded/...`: an answer with a transfer coding nobody can decode (`x-custom`), ended by the close.
 - `/hang/...`: no answer at all, until the caller goes away.
 - `POST /exports`, a submit (the outbox's): by its `export_type`, `quota` is refused 429 (the active-task
@@ -99,7 +100,7 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.write(_json(task) if task else _json(None, "404 Not Found", 40400, "no such task"))
         elif target.startswith("/endless"):
             await _endless(writer)
-        elif target.startswith("/drip"):
+        elif target.startswith(("/drip", "/internal/")):  # /internal/: what the admin API's recovery calls
             await _drip(writer)
         elif target.startswith("/hang"):
             STATE["hanging"] += 1

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import DEMO_KEY, gateway_config
+from tests.conftest import ADMIN_TOKEN, DEMO_KEY, gateway_config
 from tests.procs import ROOT, Service, free_port, wait_until
 
 AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
@@ -47,6 +47,7 @@ ROUTES: list[dict[str, Any]] = [
 def _config(workdir: Path, hostile: Service, **override: Any) -> dict[str, Any]:
     config = gateway_config(workdir, hostile.url, **override)
     config["upstreams"]["exports"]["change_feed"] = None
+    config["upstreams"]["exports"]["timeouts"] = {"connect": 1, "read": 1}  # an operator call's total: 4 s
     config["upstreams"]["hostile"] = {"url": hostile.url, "change_feed": None}
     config["routes"] = config["routes"] + ROUTES
     return config
@@ -128,6 +129,15 @@ def test_the_total_deadline_covers_an_answer_read_whole(edge: Edge) -> None:
     assert 1.5 < elapsed < 6, elapsed  # total: 2 s, though every read is quick (slack: a loaded machine)
 
 
+def test_an_operator_call_to_a_trickling_backend_ends_at_its_total(edge: Edge) -> None:
+    began = time.monotonic()
+    resp = httpx.get(f"{edge.gateway.url}/admin/recovery/tasks", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                     timeout=30)
+    elapsed = time.monotonic() - began
+    assert resp.status_code == 504 and resp.json()["code"] == 50400, resp.text
+    assert 3.5 < elapsed < 10, elapsed  # connect + 3 x read = 4 s, though every read is quick
+
+
 def test_an_unknown_transfer_coding_is_a_502_not_raw_bytes(edge: Edge) -> None:
     for route in ("raw", "signed"):
         resp = httpx.get(f"{edge.gateway.url}/h/{route}/coded", headers=AUTH, timeout=20)
@@ -203,6 +213,7 @@ def test_outboxed_submits_survive_transient_refusals_and_a_final_refusal_reads_f
     port = free_port()  # the backend is down when the submits come: both go to the outbox
     config = gateway_config(tmp_path, f"http://127.0.0.1:{port}")
     config["upstreams"]["exports"]["change_feed"] = None
+    config["upstreams"]["exports"]["timeouts"] = {"connect": 1, "read": 1}  # an operator call's total: 4 s
     config["upstreams"]["exports"]["circuit_breaker"] = {"fail_max": 5, "reset_timeout_sec": 1}
     gateway = services("gateway", config, name="outboxing")
     ids = {}
