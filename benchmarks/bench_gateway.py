@@ -41,9 +41,10 @@ from benchmarks.harness import (
     unpin,
 )
 from tests.conftest import backend_config, gateway_config, synthetic_type
-from tests.procs import RedisServer, Service
+from tests.procs import RedisServer, Service, backend_headers
 
-TENANT = {"X-Tenant-Id": "demo"}  # what the gateway's auth would send upstream; the proxies pass it through
+# what the gateway sends upstream (the tenant its auth found, the backend's service token); the proxies pass it on
+TENANT = backend_headers("demo")
 
 
 def best_of(rounds: int, url: str, seconds: float, headers: dict[str, str], cpu: int | None = None
