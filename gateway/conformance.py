@@ -212,8 +212,8 @@ def cancel(run: Run) -> None:
 
 
 def download_with_range(run: Run) -> str:
-    expect(run.finished is not None, "no COMPLETED task to download (the progress check failed)")
-    assert run.finished is not None
+    if run.finished is None:
+        raise Failed("no COMPLETED task to download (the progress check failed)")
     path = str((run.finished.get("result") or {}).get("download_url") or "")
     expect(path.startswith("/"), f"result.download_url {path!r} is not a path on the backend")
     whole = run.client.get(path, headers=run.headers())

@@ -91,7 +91,7 @@ class HttpBody:
 
     def __enter__(self) -> HttpBody:
         try:
-            self._response = self._wait(self._call())
+            self._wait(self._call())
         except BaseException:
             self.close()
             raise
@@ -121,7 +121,9 @@ class HttpBody:
         if self._session is not None:
             await self._session.close()
 
-    async def _call(self) -> aiohttp.ClientResponse:
+    async def _call(self) -> None:
+        """Make the call; `_response` holds the answer (kept before its status is judged, so `close` releases it
+        whatever the status meant)."""
         connector = aiohttp.TCPConnector(resolver=PinnedResolver(self._network), use_dns_cache=False, limit=1)
         self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
         config, ctx = self._config, self._ctx
@@ -137,7 +139,7 @@ class HttpBody:
         if 200 <= response.status < 300:
             self.media_type = kept_media_type(response.headers.get("Content-Type"))
             self.length = response.content_length
-            return response
+            return
         preview = (await response.content.read(PREVIEW_BYTES)).decode("utf-8", "replace").strip()
         said = f"the endpoint answered {response.status}" + (f": {preview}" if preview else "")
         if response.status in RETRY_LATER:
