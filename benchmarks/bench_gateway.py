@@ -19,7 +19,10 @@
 Every server runs on uvicorn with uvloop and httptools; the gateways with the tenant limits raised
 through their environment variables (the limiter still runs on every request).
 
+Each comparison measures its two sides in turns, round by round, and keeps each side's best round.
+
 Run: python -m benchmarks.bench_gateway [--seconds 8] [--rounds 2] [--skip-scaling] [--before DIR]
+     [--only guard|cpu|before]
 """
 from __future__ import annotations
 
@@ -47,11 +50,27 @@ from tests.procs import RedisServer, Service, backend_headers
 TENANT = backend_headers("demo")
 
 
+Target = tuple[str, dict[str, str]]  # a URL and the headers to send with it
+
+
+def in_turns(rounds: int, seconds: float, targets: dict[str, Target], cpu: int | None = None
+             ) -> dict[str, wrk.WrkResult]:
+    """The best round of each target, the targets measured in turns: a load that comes and goes on the machine
+    falls on each alike, so their ratio is a same-run figure."""
+    for url, headers in targets.values():
+        wrk.run(url, seconds=1, headers=headers, cpu=cpu)  # warm-up: pools, caches, page cache
+    best: dict[str, wrk.WrkResult] = {}
+    for _ in range(rounds):
+        for label, (url, headers) in targets.items():
+            result = wrk.run(url, seconds=seconds, headers=headers, cpu=cpu)
+            if label not in best or result.rps > best[label].rps:
+                best[label] = result
+    return best
+
+
 def best_of(rounds: int, url: str, seconds: float, headers: dict[str, str], cpu: int | None = None
             ) -> wrk.WrkResult:
-    wrk.run(url, seconds=1, headers=headers, cpu=cpu)  # warm-up: pools, caches, JIT-free but page-cache warm
-    results = [wrk.run(url, seconds=seconds, headers=headers, cpu=cpu) for _ in range(rounds)]
-    return max(results, key=lambda r: r.rps)
+    return in_turns(rounds, seconds, {url: (url, headers)}, cpu)[url]
 
 
 def compare(label: str, ours: wrk.WrkResult, ref_label: str, ref: wrk.WrkResult, goal: str) -> None:
@@ -64,15 +83,17 @@ def scaling(procs: Processes, backend: Service, task_id: str, rounds: int, secon
     """The hit path on one Redis with 1 and then 2 worker processes, same machine, same run."""
     redis = RedisServer(procs.workdir).start()
     try:
-        rates = {}
-        for workers in (1, 2):
+        targets: dict[int, Target] = {}
+        for workers in (1, 2):  # both started, measured in turns (an idle gateway costs the other nothing)
+            workdir = procs.workdir / f"scaling-{workers}"
+            workdir.mkdir()
             # the same config for both: gateway_processes matters only while Redis is unreachable
-            config = gateway_config(procs.workdir, backend.url, redis.url, log_level="warning", gateway_processes=2)
+            config = gateway_config(workdir, backend.url, redis.url, log_level="warning", gateway_processes=2)
             gateway = procs.start("gateway", config, f"gateway-redis-{workers}w", args=("--workers", str(workers)))
-            url = f"{gateway.url}/api/v1/exports/{task_id}"
-            httpx.get(url, headers=AUTH)  # fills the shared cache
-            rates[workers] = best_of(rounds, url, seconds, AUTH)
-            gateway.stop()
+            targets[workers] = (f"{gateway.url}/api/v1/exports/{task_id}", AUTH)
+            httpx.get(targets[workers][0], headers=AUTH)  # fills the shared cache
+        best = in_turns(rounds, seconds, {str(w): target for w, target in targets.items()})
+        rates = {1: best["1"], 2: best["2"]}
         print(f"cache-hit poll, Redis, 1 worker   {rates[1].line()}")
         print(f"cache-hit poll, Redis, 2 workers  {rates[2].line()}")
         print(f"  scaling {rates[2].rps / rates[1].rps:.2f}x (goal >= 1.40), "
@@ -153,7 +174,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument("--before", type=Path, help="a checkout of another commit: its gateway against this one")
-    parser.add_argument("--only", choices=["cpu", "before"], help="run only that part (after the set-up)")
+    parser.add_argument("--only", choices=["guard", "cpu", "before"],
+                        help="run only that part (after the set-up); guard: the hit, the list and the scaling")
     args = parser.parse_args()
     with processes() as procs:
         workdir = procs.workdir
@@ -183,19 +205,24 @@ def main() -> None:
         # a hit is one process's work: each server on a core of its own, wrk on the other
         for server in (gateway, bare):
             pin(server)
-        hit = best_of(r, hit_url, args.seconds, AUTH, cpu=LOAD_CPU)
-        hit_ref = best_of(r, f"{bare.url}/api/v1/exports/{done}", args.seconds, {}, cpu=LOAD_CPU)
+        hits = in_turns(r, args.seconds, {"gateway": (hit_url, AUTH),
+                                          "bare": (f"{bare.url}/api/v1/exports/{done}", {})}, cpu=LOAD_CPU)
         unpin(gateway)  # a proxied call is two processes' work (gateway and backend): left to the scheduler
-        listed = best_of(r, list_url, args.seconds, AUTH)
-        listed_ref = best_of(r, f"{proxy.url}/exports?limit=1", args.seconds, TENANT)
-        miss = best_of(r, f"{gateway.url}/api/v1/exports/{running}", args.seconds, AUTH)
-        miss_ref = best_of(r, f"{proxy.url}/exports/{running}", args.seconds, TENANT)
-        assert httpx.get(f"{gateway.url}/api/v1/exports/{running}", headers=AUTH).headers["x-cache"] == "MISS"
-
-        compare("cache-hit poll, gateway", hit, "cache-hit poll, bare Starlette", hit_ref, "goal >= 0.70")
-        compare("list limit=1, gateway", listed, "list limit=1, aiohttp proxy", listed_ref,
+        lists = in_turns(r, args.seconds, {"gateway": (list_url, AUTH),
+                                           "aiohttp": (f"{proxy.url}/exports?limit=1", TENANT)})
+        compare("cache-hit poll, gateway", hits["gateway"], "cache-hit poll, bare Starlette", hits["bare"],
+                "goal >= 0.70")
+        compare("list limit=1, gateway", lists["gateway"], "list limit=1, aiohttp proxy", lists["aiohttp"],
                 "goal >= 0.80, p99 <= 2.00x")
-        compare("cache-miss poll, gateway", miss, "cache-miss poll, aiohttp proxy", miss_ref, "coalescing helps")
+        if args.only == "guard":
+            gateway.stop()
+            scaling(procs, backend, done, r, args.seconds)
+            return
+        misses = in_turns(r, args.seconds, {"gateway": (f"{gateway.url}/api/v1/exports/{running}", AUTH),
+                                            "aiohttp": (f"{proxy.url}/exports/{running}", TENANT)})
+        assert httpx.get(f"{gateway.url}/api/v1/exports/{running}", headers=AUTH).headers["x-cache"] == "MISS"
+        compare("cache-miss poll, gateway", misses["gateway"], "cache-miss poll, aiohttp proxy", misses["aiohttp"],
+                "coalescing helps")
         if not args.skip_scaling:
             gateway.stop()  # its core is the second worker's now
             scaling(procs, backend, done, r, args.seconds)
@@ -203,11 +230,12 @@ def main() -> None:
             if front is None:
                 print("nginx: not installed; comparison skipped (apt-get install nginx-light)")
                 return
-            static = best_of(r, f"{front.url}/static", args.seconds, {})
-            proxied = best_of(r, f"{front.url}/exports?limit=1", args.seconds, TENANT)
-            print(f"{'nginx static answer':<34}{static.line()}")
-            print(f"{'nginx proxy_pass, list':<34}{proxied.line()}")
-            print(f"  gateway/nginx: cache hit {hit.rps / static.rps:.2f}, list {listed.rps / proxied.rps:.2f}")
+            fronts = in_turns(r, args.seconds, {"static": (f"{front.url}/static", {}),
+                                                "proxied": (f"{front.url}/exports?limit=1", TENANT)})
+            print(f"{'nginx static answer':<34}{fronts['static'].line()}")
+            print(f"{'nginx proxy_pass, list':<34}{fronts['proxied'].line()}")
+            print(f"  gateway/nginx: cache hit {hits['gateway'].rps / fronts['static'].rps:.2f}, "
+                  f"list {lists['gateway'].rps / fronts['proxied'].rps:.2f}")
         cpu_per_call(procs, backend, args.seconds, r)
         if args.before is not None:
             if not args.skip_scaling:  # the gateway measured above was stopped for the scaling part
