@@ -54,16 +54,12 @@ class ServedConfig(uvicorn.Config):
     def __init__(self, source: Source, served: Served, workers: int, worker_start_sec: int) -> None:
         """`served`: the config as `run` read it, for what the listening socket needs (host and port);
         `worker_start_sec`: how long a worker may take to start, and to answer the supervisor's health check."""
-        # proxy_headers off: which forwarding headers to believe is the app's decision (trusted_proxies),
-        # not uvicorn's, which believes any from loopback
-        super().__init__(self._no_app, factory=True, host=served.host, port=served.port, workers=workers,
-                         log_config=None, log_level=served.log_level, access_log=False, lifespan="on",
-                         proxy_headers=False, timeout_worker_healthcheck=worker_start_sec)
+        # no app yet: load() makes it from the config file it reads. proxy_headers off: which forwarding
+        # headers to believe is the app's decision (trusted_proxies), not uvicorn's, which believes any from loopback
+        super().__init__("", factory=True, host=served.host, port=served.port, workers=workers, log_config=None,
+                         access_log=False, lifespan="on", proxy_headers=False,
+                         timeout_worker_healthcheck=worker_start_sec)
         self.source = source
-
-    @staticmethod
-    def _no_app() -> ASGIApp:
-        raise RuntimeError("the app is made when the config is loaded")  # load() replaces it first
 
     def load(self) -> None:
         """Reads the config file, then lets uvicorn load the app made from it and the protocol bounded by it."""
