@@ -14,36 +14,19 @@ from typing import Any, Callable, Protocol, TypeVar, cast
 import uvicorn
 from pydantic import BaseModel
 from starlette.types import ASGIApp
+from uvicorn.config import STARTUP_FAILURE
 
-from exports_common import dev_mode, jsonlog, shutdown
+from exports_common import dev_mode, jsonlog
+from exports_common import workers as worker_processes
 from exports_common.config_loader import ConfigError, load_model
-from exports_common.connection_limits import ConnectionLimits, bounded_http
-from exports_common.workers import (
-    METRICS_DIR_ENV,
-    STARTUP_FAILURE,
-    MetricsDirRefused,
-    Supervisor,
-    prepare_metrics_dir,
-)
+from exports_common.serving import Served, ServedConfig, Source
+from exports_common.workers import METRICS_DIR_ENV, MetricsDirRefused, prepare_metrics_dir
 
-# set for the run started again with its metrics directory in place: "made" (a private one, removed at the end)
-# or "given" ($PROMETHEUS_MULTIPROC_DIR, left in place)
-METRICS_DIR_STATE_ENV = "EXPORTS_METRICS_DIR"
+# how long a worker of `run --workers N` may take to start serving (a SIGHUP keeps the old one when the new one
+# is not serving by then), and to answer the supervisor's health check (else it is killed and started again)
+WORKER_START_SEC = 30
 
 M = TypeVar("M", bound=BaseModel)
-
-
-class Served(Protocol):
-    """What `run` needs of a process's config."""
-
-    host: str
-    port: int
-    log_level: str
-    max_header_bytes: int
-    connection_limits: ConnectionLimits
-    shutdown_timeout_sec: int
-
-    def unsafe_defaults(self) -> list[str]: ...
 
 
 class Reloadable(Protocol):
@@ -142,20 +125,19 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
     if refusal:
         print(f"{prog}: {refusal}", file=sys.stderr)
         return 2
-    if _metrics_mode_differs(workers):
-        # prometheus_client chooses its multiprocess mode once, when it is imported, from $PROMETHEUS_MULTIPROC_DIR:
-        # the run starts again (the same process, exec) with the variable as the workers need it
-        if workers > 1:
-            try:
-                where, made = prepare_metrics_dir(prog)
-            except MetricsDirRefused as exc:
-                print(f"{prog}: {exc}", file=sys.stderr)
-                return 2
-            os.environ[METRICS_DIR_ENV] = str(where)
-            os.environ[METRICS_DIR_STATE_ENV] = "made" if made else "given"
-        else:
-            os.environ.pop(METRICS_DIR_ENV, None)  # one process answers for itself
+    if workers == 1 and METRICS_DIR_ENV in os.environ:
+        # prometheus_client chose its multiprocess mode when it was imported, from $PROMETHEUS_MULTIPROC_DIR:
+        # one process answers for itself, so the run starts again (the same process, exec) without it
+        os.environ.pop(METRICS_DIR_ENV)
         os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    made = False
+    if workers > 1:  # the workers, started afresh, take the variable from this process's environment
+        try:
+            where, made = prepare_metrics_dir(prog)
+        except MetricsDirRefused as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 2
+        os.environ[METRICS_DIR_ENV] = str(where)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     config = config.model_copy(update=overrides)
     served = cast(Served, config)
@@ -165,29 +147,15 @@ def main(prog: str, model: type[M], default_config: str, make_app: Callable[[M, 
     if dev_mode.dev_mode():
         logging.getLogger(prog).warning("DEV MODE: published demo secrets are accepted; never expose this process",
                                         extra={"unsafe": unsafe})
-    limits = served.connection_limits
-    # proxy_headers off: which forwarding headers to believe is the app's decision (trusted_proxies),
-    # not uvicorn's, which believes any from loopback
-    server = uvicorn.Config(make_app(config, path), host=served.host, port=served.port, log_config=None,
-                            access_log=False, lifespan="on", http=bounded_http(limits, served.max_header_bytes),
-                            proxy_headers=False, timeout_keep_alive=limits.keep_alive_sec,
-                            timeout_graceful_shutdown=served.shutdown_timeout_sec)
+    server = ServedConfig(Source(model, path, overrides, make_app), served, workers, WORKER_START_SEC)
     if workers == 1:
-        single = shutdown.Server(server)
+        single = uvicorn.Server(server)
         # uvicorn re-raises the Ctrl-C it shut down on; a stop asked for is no error (uvicorn.run swallows it too)
         with contextlib.suppress(KeyboardInterrupt):
             single.run()
         return 0 if single.started else STARTUP_FAILURE
     try:
-        return Supervisor(server, workers).run()
+        return worker_processes.serve(server)
     finally:
-        if os.environ.get(METRICS_DIR_STATE_ENV) == "made":
+        if made:
             shutil.rmtree(os.environ[METRICS_DIR_ENV], ignore_errors=True)
-
-
-def _metrics_mode_differs(workers: int) -> bool:
-    """Whether this process was started with $PROMETHEUS_MULTIPROC_DIR otherwise than `workers` processes need:
-    set and prepared for several, unset for one."""
-    if workers > 1:
-        return METRICS_DIR_STATE_ENV not in os.environ
-    return METRICS_DIR_ENV in os.environ

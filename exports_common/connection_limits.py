@@ -11,7 +11,9 @@ subclasses that protocol (keeping its speed, see benchmarks/RESULTS.md) to add:
 - a body that stops arriving for `body_idle_timeout_sec` (while the app is
   reading it) closes the connection; the app sees the client disconnect;
 - at most `max_connections` connections per process: the next one gets 503 and close;
-- a request that is not valid HTTP gets a 400 envelope, not uvicorn's plain text.
+- a request that is not valid HTTP gets a 400 envelope, not uvicorn's plain text;
+- a graceful shutdown begins for the whole process (`exports_common.shutdown`) when uvicorn
+  asks a connection to shut down, so open event streams end at once.
 
 It also tells the app an upper bound of each request's header size (`HEADER_BYTES_BOUND`
 in the scope: the bytes read since the previous request's headers, up to and including
@@ -29,6 +31,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from exports_common.envelope import error_body
 from exports_common.errors import ApiError, ErrorKind
+from exports_common.shutdown import begin as begin_shutdown
 
 # the request line (method, path and query) may add this much to the header limit
 REQUEST_LINE_ALLOWANCE = 8192
@@ -93,6 +96,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        begin_shutdown()
+        super().shutdown()
 
     def data_received(self, data: bytes) -> None:
         # The state is judged after the parser has run, from what uvicorn keeps: a scope without

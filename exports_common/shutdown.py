@@ -1,18 +1,17 @@
 """A graceful shutdown, told to whatever must end at once rather than hold the server up.
 
-uvicorn stops accepting on SIGTERM or SIGINT, then waits for every open request to
-finish; a request that lasts until its client leaves (an event stream) would hold it
-until the graceful-shutdown timeout, or for ever. `Server` is uvicorn's, telling the
-callbacks registered here (`on_shutdown`) as soon as it is asked to exit, so those
-requests end first and the shutdown goes on at once.
+uvicorn stops accepting on SIGTERM or SIGINT, then asks each open connection to shut
+down and waits for every open request to finish; a request that lasts until its client
+leaves (an event stream) would hold it until the graceful-shutdown timeout, or for ever.
+The bounded protocol (`exports_common.connection_limits`) calls `begin` when uvicorn asks
+its connection to shut down, which tells the callbacks registered here (`on_shutdown`),
+so those requests end first and the shutdown goes on at once. Through the protocol, it
+holds alike in the one process of `run` and in each worker of uvicorn's supervisor.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from types import FrameType
-
-import uvicorn
 
 log = logging.getLogger("shutdown")
 _callbacks: list[Callable[[], None]] = []
@@ -38,8 +37,3 @@ def begin() -> None:
         except Exception:  # one failing callback must not keep the others from ending their work
             log.exception("a shutdown callback failed")
 
-
-class Server(uvicorn.Server):
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        begin()
-        super().handle_exit(sig, frame)

@@ -1,40 +1,34 @@
-"""`run --workers N`: one listening socket, N forked uvicorn servers accepting on it, kept running.
+"""`run --workers N`: uvicorn's supervisor, and the directory its workers count their metrics in.
 
-uvicorn's own `--workers` supervisor would take the app and the bounded protocol
-class as import strings, but its workers run uvicorn's own `Server`, not
-`exports_common.shutdown.Server` (which ends event streams at once on a graceful
-stop), and it has no hook to mark a dead worker for prometheus_client's live gauges.
-Here each child is forked after the socket is bound, inherits the socket, the app and
-the protocol class, and runs `exports_common.shutdown.Server`.
+uvicorn's `Multiprocess` binds the socket, starts the workers (multiprocessing spawn:
+each reads the config file itself, `exports_common.serving`), starts one again in place
+of one that dies, stops them all gracefully on SIGTERM / SIGINT, and on SIGHUP replaces
+them one by one, each new one serving before the old one stops (so an edited config
+file takes effect whole). A worker that cannot start stops the whole server, as a single
+process would.
 
-The parent only supervises. SIGTERM / SIGINT stop every worker gracefully (then
-kill after the grace period); SIGHUP is passed on to each worker (the gateway
-reloads its config on it); a worker that dies unexpectedly is started again,
-at most once a second.
+The workers count in prometheus_client's multiprocess mode, in files under
+$PROMETHEUS_MULTIPROC_DIR, so whichever worker is scraped answers for all of them.
+A worker that is gone keeps its counts in the totals; its live gauges leave the
+figures at the next scrape (`forget_gone`: uvicorn's supervisor has no hook for a
+worker's end).
 """
 from __future__ import annotations
 
-import logging
+import contextlib
 import os
-import signal
-import socket
 import tempfile
-import time
 from pathlib import Path
-from types import FrameType
 
-import uvicorn
 from prometheus_client import multiprocess
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors import Multiprocess
 
-from exports_common import shutdown
+from exports_common.serving import ServedConfig
 
-log = logging.getLogger("workers")
 # where the workers count their metrics (prometheus_client's multiprocess mode)
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 DB_KINDS = frozenset({"counter", "gauge", "histogram", "summary"})
-RESTART_DELAY_SEC = 1.0
-STARTUP_FAILURE = 3  # uvicorn's exit code when a server could not start (e.g. its lifespan failed)
-STOP_GRACE_SEC = 15.0
 
 
 class MetricsDirRefused(Exception):
@@ -51,13 +45,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _left_over(path: Path) -> bool:
-    """A file prometheus_client's multiprocess mode wrote (`counter_<pid>.db`, `gauge_livemax_<pid>.db`...) for a
-    process that is gone: its counts would be added to this run's."""
+def _writer(path: Path) -> int | None:
+    """The pid of the process that wrote this prometheus_client file (`counter_<pid>.db`,
+    `gauge_livemax_<pid>.db`...); None for any other file."""
     kind, _, rest = path.stem.partition("_")
     pid = rest.rpartition("_")[2]
-    return (path.suffix == ".db" and kind in DB_KINDS and pid.isdigit() and not _alive(int(pid))
-            and path.is_file() and not path.is_symlink())
+    return int(pid) if path.suffix == ".db" and kind in DB_KINDS and pid.isdigit() else None
+
+
+def _left_over(path: Path) -> bool:
+    """A file prometheus_client's multiprocess mode wrote for a process that is gone: its counts would be added
+    to this run's."""
+    pid = _writer(path)
+    return pid is not None and not _alive(pid) and path.is_file() and not path.is_symlink()
 
 
 def prepare_metrics_dir(prog: str) -> tuple[Path, bool]:
@@ -89,87 +89,18 @@ def prepare_metrics_dir(prog: str) -> tuple[Path, bool]:
     return path, False
 
 
-class Supervisor:
-    def __init__(self, config: uvicorn.Config, workers: int) -> None:
-        self.config = config
-        self.workers = workers
-        self.children: dict[int, float] = {}  # pid -> start time
-        self.stopping = False
-        self.failed = False
-        self.sock: socket.socket | None = None
+def forget_gone(where: str) -> None:
+    """The live gauges of every worker now gone leave the figures; their counters stay in the totals."""
+    gone = {pid for entry in Path(where).glob("gauge_live*_*.db")
+            if (pid := _writer(entry)) is not None and not _alive(pid)}
+    for pid in gone:
+        with contextlib.suppress(FileNotFoundError):  # another worker's scrape removed it meanwhile
+            multiprocess.mark_process_dead(pid, where)  # type: ignore[no-untyped-call]  # untyped in prometheus_client
 
-    def run(self) -> int:
-        self.sock = self.config.bind_socket()
-        self.sock.set_inheritable(True)
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-        try:
-            for _ in range(self.workers):
-                self._spawn()
-            log.info("serving with worker processes", extra={"workers": self.workers,
-                                                             "pids": sorted(self.children)})
-            while self.children:
-                self._reap()
-                time.sleep(0.2)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            self.sock.close()
-        return STARTUP_FAILURE if self.failed else 0
 
-    def _spawn(self) -> None:
-        assert self.sock is not None
-        pid = os.fork()
-        if pid == 0:  # the worker: uvicorn installs its own SIGTERM / SIGINT handling
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_DFL)
-            code = STARTUP_FAILURE
-            try:
-                server = shutdown.Server(self.config)
-                server.run(sockets=[self.sock])
-                code = 0 if server.started else STARTUP_FAILURE
-            finally:
-                os._exit(code)
-        self.children[pid] = time.monotonic()
-
-    def _reap(self) -> None:
-        while self.children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                return
-            started = self.children.pop(pid, None)
-            if started is None:
-                continue
-            multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]  # its gauges leave the figures; its counts stay in the totals
-            if self.stopping:
-                continue
-            if os.WIFEXITED(status) and os.WEXITSTATUS(status) == STARTUP_FAILURE:
-                # the next would fail the same way: the whole server stops, as a single process would
-                log.error("a worker process could not start; stopping", extra={"pid": pid})
-                self.failed = True
-                self._on_signal(signal.SIGTERM, None)
-                return
-            log.error("a worker process exited; starting another",
-                      extra={"pid": pid, "exit": os.waitstatus_to_exitcode(status)})
-            time.sleep(max(0.0, started + RESTART_DELAY_SEC - time.monotonic()))  # no crash loop at full speed
-            self._spawn()
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGHUP:
-            self._signal_all(signal.SIGHUP)
-            return
-        if self.stopping:
-            return
-        self.stopping = True
-        self._signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_SEC
-        while self.children and time.monotonic() < deadline:
-            self._reap()
-            time.sleep(0.05)
-        self._signal_all(signal.SIGKILL)
-
-    def _signal_all(self, sig: int) -> None:
-        for pid in list(self.children):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                self.children.pop(pid, None)
+def serve(config: ServedConfig) -> int:
+    """Serves with `config.workers` processes until SIGTERM / SIGINT; the exit code (3: a worker could not
+    start)."""
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+    supervisor.run()
+    return STARTUP_FAILURE if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0

@@ -27,7 +27,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from exports_common import periodic
 from exports_common.otel import TracingConfig
-from exports_common.workers import METRICS_DIR_ENV
+from exports_common.workers import METRICS_DIR_ENV, forget_gone
 from gateway.tracing import ServerTrace, Tracing, inject, setup_tracing
 
 _failed_gauges: set[str] = set()
@@ -261,6 +261,7 @@ def prometheus_text(metrics: Metrics) -> tuple[bytes, str]:
     where = multiprocess_dir()
     if where is None:
         return generate_latest(metrics.registry), CONTENT_TYPE_LATEST
+    forget_gone(where)
     registry = CollectorRegistry()
     MultiProcessCollector(registry, where)  # type: ignore[no-untyped-call]  # untyped in prometheus_client
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -123,6 +123,8 @@ class Service:
             cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()
+        if "--workers" in self.args:  # each worker is a new interpreter (uvicorn spawns them) importing the app anew
+            timeout *= 3
         wait_until(self._healthy, timeout, what=f"{self.name} to answer on {self.url}/healthz")
         return self
 

@@ -24,6 +24,7 @@ import yaml
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
 from tests.helpers import wait_status
 from tests.procs import ROOT, RedisServer, Service, wait_until
+from tests.sse_client import RawStream
 
 pytestmark = pytest.mark.workers
 
@@ -38,9 +39,11 @@ class Stack:
     backend: Service
 
     def workers(self) -> list[int]:
+        """The supervisor's worker processes (multiprocessing's spawned children, not its resource tracker)."""
         assert self.gateway.proc is not None
         pid = self.gateway.proc.pid
-        return sorted(int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+        children = (int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+        return sorted(child for child in children if b"spawn_main" in _cmdline(child))
 
     @contextlib.contextmanager
     def only(self, worker: int) -> Iterator[None]:
@@ -58,11 +61,21 @@ class Stack:
         return int(httpx.get(f"{self.gateway.url}/admin/stats", headers=ADMIN, timeout=5).json()["data"]["pid"])
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:  # gone meanwhile
+        return b""
+
+
 @pytest.fixture(scope="module")
 def stack(module_services: Callable[..., Service], redis_server: RedisServer,
           tmp_path_factory: pytest.TempPathFactory) -> Stack:
     workdir = tmp_path_factory.mktemp("workers")
-    backend = module_services("backend_stub", backend_config(workdir, redis_server.url, redis_prefix="wk"))
+    backend_settings = backend_config(workdir, redis_server.url, redis_prefix="wk")
+    backend_settings["export_types"]["slow_export"] = {"dataset": "orders", "rows": 100, "seed": 3,
+                                                       "fault": {"delay_sec": 60}}
+    backend = module_services("backend_stub", backend_settings)
     config = gateway_config(workdir, backend.url, redis_server.url, redis_prefix="wk", gateway_processes=2)
     gateway = module_services("gateway", config, "gateway-2w", args=("--workers", "2"))
     s = Stack(gateway, backend)
@@ -126,18 +139,33 @@ def test_metrics_count_every_workers_requests_whichever_is_scraped(stack: Stack)
     assert sum(line.startswith("gateway_config_info{") for line in gauges.splitlines()) == 1
 
 
-def test_sighup_to_the_supervisor_leaves_every_worker_serving(stack: Stack) -> None:
-    """Each worker handles SIGHUP (a reload, tested on one process elsewhere); the signal must not end them."""
-    workers = stack.workers()
-    for pid in workers:
-        caught = int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                          if line.startswith("SigCgt:")), 16)
-        assert caught & (1 << (signal.SIGHUP - 1)), f"worker {pid} does not handle SIGHUP"
+def _headers_request(port: int, count: int) -> bytes:
+    """The status line's start of a request with `count` header lines."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(count))
+                     + b"\r\n")
+        return sock.recv(64)
+
+
+def test_sighup_to_the_supervisor_replaces_every_worker_with_one_reading_the_config_file(stack: Stack) -> None:
+    """uvicorn's supervisor starts new workers on SIGHUP, each serving before the old one stops; they read the
+    file then, so even a setting a reload does not apply (the connection limits) takes effect."""
+    old = stack.workers()
+    config = yaml.safe_load(stack.gateway.config_path.read_text())
+    assert _headers_request(stack.gateway.port, 30).startswith(b"HTTP/1.1 200 ")
+    config.setdefault("connection_limits", {})["max_headers"] = 20  # below the 30 lines sent (default 100)
+    stack.gateway.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     stack.gateway.signal(signal.SIGHUP)
-    for worker in workers:
+
+    def replaced() -> list[int] | None:
+        now = stack.workers()
+        return now if len(now) == 2 and not set(now) & set(old) and stack.workers() == now else None
+
+    new = wait_until(replaced, 60, what="two new workers in place of the old ones")
+    for worker in new:
         with stack.only(worker):
             assert stack.pid_serving() == worker
-    assert stack.workers() == workers
+            assert _headers_request(stack.gateway.port, 30).startswith(b"HTTP/1.1 431 ")
 
 
 def test_a_config_change_reaches_every_worker(stack: Stack) -> None:
@@ -155,15 +183,20 @@ def test_a_config_change_reaches_every_worker(stack: Stack) -> None:
 
 def test_connection_limits_hold_in_every_worker(stack: Stack) -> None:
     for worker in stack.workers():
-        with stack.only(worker), socket.create_connection(("127.0.0.1", stack.gateway.port), timeout=10) as sock:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(150))
-                         + b"\r\n")
-            assert sock.recv(64).startswith(b"HTTP/1.1 431 ")
+        with stack.only(worker):
+            assert _headers_request(stack.gateway.port, 150).startswith(b"HTTP/1.1 431 ")
+
+
+def _metrics_dir(worker: int) -> Path:
+    environ = dict(item.split(b"=", 1) for item in Path(f"/proc/{worker}/environ").read_bytes().split(b"\0") if item)
+    return Path(environ[b"PROMETHEUS_MULTIPROC_DIR"].decode())
 
 
 def test_a_killed_worker_is_replaced_and_the_other_serves_meanwhile(stack: Stack) -> None:
     victim, survivor = stack.workers()
     counted = _route_requests(httpx.get(f"{stack.gateway.url}/metrics", timeout=5).text, "status")
+    where = _metrics_dir(victim)
+    wait_until(lambda: list(where.glob(f"gauge_live*_{victim}.db")), 10, what="the victim's live gauges")
     os.kill(victim, signal.SIGKILL)
     wait_until(lambda: not Path(f"/proc/{victim}").exists() or "Z" in Path(f"/proc/{victim}/stat").read_text()
                .split(")")[-1].split()[0], 10, what="the killed worker to be gone")
@@ -181,6 +214,34 @@ def test_a_killed_worker_is_replaced_and_the_other_serves_meanwhile(stack: Stack
         wait_until(lambda: stack.pid_serving() == replacement, 15, what="the new worker to serve")
         # the killed worker's counts stay in the totals, whichever worker is scraped
         assert _route_requests(httpx.get(f"{stack.gateway.url}/metrics", timeout=5).text, "status") >= counted
+    # its live gauges left the figures at that scrape; its counters stay
+    assert not list(where.glob(f"gauge_live*_{victim}.db"))
+    assert (where / f"counter_{victim}.db").exists()
+
+
+def test_sigterm_stops_every_worker_at_once_ending_their_event_streams(
+        stack: Stack, services: Callable[..., Service], redis_server: RedisServer, tmp_path: Path) -> None:
+    """A graceful stop ends each worker's open event streams with their last chunk, not at the grace period."""
+    config = gateway_config(tmp_path, stack.backend.url, redis_server.url, redis_prefix="wk", gateway_processes=2,
+                            shutdown_timeout_sec=30)
+    gateway = services("gateway", config, "gateway-stop", args=("--workers", "2"))
+    task = httpx.post(f"{gateway.url}{API}", json={"export_type": "slow_export"}, headers=AUTH, timeout=10).json()
+    streams = [RawStream(gateway.url, f"{API}/{task['data']['task_id']}/events", AUTH) for _ in range(4)]
+    try:
+        for stream in streams:
+            stream.read_until(lambda s: bool(s.events))
+        stopping = time.monotonic()
+        gateway.signal(signal.SIGTERM)
+        assert gateway.proc is not None
+        assert gateway.proc.wait(20) == 0
+        assert time.monotonic() - stopping < 5, "the event streams held the stop up"
+        for stream in streams:
+            stream.read_to_end(timeout=5)
+            assert stream.ended and not stream.cut, "ended with the body's last chunk"
+    finally:
+        for stream in streams:
+            stream.close()
+    assert "Traceback" not in gateway.log()
 
 
 def test_workers_without_redis_are_refused_with_what_to_set(tmp_path: Path) -> None:
