@@ -35,9 +35,6 @@ REDIS_RETRY_SEC = 1.0
 REDIS_TIMEOUT_SEC = 0.25
 # a timeout that fired later than this after its time says the process stalled, not Redis
 LATE_TIMER_SEC = 0.05
-# checks on Redis at once, at most: the next wait in the process for a call to end, instead of taking more of
-# the client's pool (100 connections, shared with the process's other Redis users), which fails when empty
-REDIS_CALLS_IN_FLIGHT = 32
 # the longest a check waits for its own answer while Redis is evidently alive; then it is decided locally all
 # the same (redis-py's socket timeout bounds the call too: exports_common/redis_client.py)
 REDIS_WAIT_MAX_SEC = 1.0
@@ -135,8 +132,6 @@ class Limiter:
         self._redis_down_until = 0.0
         self._answered_at = 0.0  # when Redis last answered a check of this process
         self._checks: set[asyncio.Task[Decision]] = set()  # calls under way (the loop keeps only weak references)
-        self._in_flight = asyncio.Semaphore(REDIS_CALLS_IN_FLIGHT)
-        self._queued: set[asyncio.Task[Decision]] = set()  # calls waiting for their turn: not sent yet
         # bucket -> when Redis said the next request fits: until then every gateway's request would be
         # refused too (no token accrues anywhere sooner), so a flood's refusals cost no round trip
         self._refused_until: dict[str, float] = {}
@@ -170,7 +165,6 @@ class Limiter:
         # leaves it to finish, so what Redis counted is what this process learns, and no connection is torn down
         check = asyncio.ensure_future(self._ask(key, quota))
         self._checks.add(check)
-        self._queued.add(check)
         check.add_done_callback(self._checked)
         asked = waiting_since = time.monotonic()
         while not (await asyncio.wait((check,), timeout=REDIS_TIMEOUT_SEC))[0]:
@@ -179,8 +173,6 @@ class Limiter:
             if alive and now - asked <= REDIS_WAIT_MAX_SEC:
                 waiting_since = now
                 continue
-            if check in self._queued:
-                check.cancel()  # not sent: Redis counts only what it decides
             if not alive:
                 return self._redis_failed(TimeoutError(f"no answer within {REDIS_TIMEOUT_SEC} s"), tag, limit,
                                           quota, processes)
@@ -192,7 +184,7 @@ class Limiter:
         try:
             return check.result()
         except MaxConnectionsError:
-            # the client's pool is empty (this process's other Redis users): no news of Redis
+            # every connection of the client's pool is in use (exports_common/redis_client.py): no news of Redis
             return self.local.hit((tag, limit), quota.share(processes))
         except (RedisError, OSError) as exc:
             return self._redis_failed(exc, tag, limit, quota, processes)
@@ -200,12 +192,8 @@ class Limiter:
     async def _ask(self, key: str, quota: Quota) -> Decision:
         """Redis's decision; a late one (the request decided locally, or gone) still teaches this process that
         Redis is up, and what it refuses."""
-        async with self._in_flight:
-            task = asyncio.current_task()
-            assert task is not None  # _ask runs as a task of its own
-            self._queued.discard(task)
-            allowed, remaining, retry_ms, reset_ms = await self._script(
-                keys=[key], args=[1000.0 * quota.interval, 1000.0 * quota.window_sec])
+        allowed, remaining, retry_ms, reset_ms = await self._script(
+            keys=[key], args=[1000.0 * quota.interval, 1000.0 * quota.window_sec])
         self._answered_at = time.monotonic()
         if self._redis_down_until:
             log.info("rate limits: Redis is back; limits are shared again")
@@ -217,7 +205,6 @@ class Limiter:
 
     def _checked(self, check: asyncio.Task[Decision]) -> None:
         self._checks.discard(check)
-        self._queued.discard(check)
         if not check.cancelled():
             check.exception()  # a failure nobody waited for is the Redis outage already logged, not a bug
 

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from redis import asyncio as aioredis
 
+from exports_common.redis_client import connect
 from gateway.limiter import REDIS_TIMEOUT_SEC, REDIS_WAIT_MAX_SEC, Limiter, Quota, gcra
 from tests.conftest import ADMIN_TOKEN, DEMO2_KEY, DEMO_KEY, backend_config, gateway_config
 from tests.helpers import assert_envelope_error
@@ -275,6 +276,21 @@ def test_a_stalled_redis_still_gets_local_share_decisions_within_a_bounded_time(
     assert allowed == [True] * 5 + [False] * 7, "the local share (5 of 10) did not decide"
     assert REDIS_TIMEOUT_SEC <= took < REDIS_WAIT_MAX_SEC + 1.0, took
     assert took_then < REDIS_TIMEOUT_SEC, took_then
+
+
+async def test_more_checks_at_once_than_the_client_has_connections_are_all_decided_by_redis(
+        redis_server: RedisServer) -> None:
+    """A busy process has more checks under way than redis-py's default pool holds (100 connections): Redis
+    decides them all; none falls to the local share, which admits what the shared bucket refuses."""
+    client = connect(redis_server.url)  # the gateway's client
+    quota = Quota(per_sec=0.01, burst=50)  # no token accrues during the test; a local share of 25
+    try:
+        limiter = Limiter(client, f"many{time.time_ns()}")
+        await limiter.hit("t", "warm-up", quota, 2)  # the script loaded
+        decisions = await asyncio.gather(*(limiter.hit("t", "requests", quota, 2) for _ in range(300)))
+    finally:
+        await client.aclose()
+    assert sum(d.allowed for d in decisions) == quota.burst
 
 
 def test_gcra_admits_the_burst_at_once_then_the_rate() -> None:
