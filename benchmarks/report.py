@@ -3,6 +3,7 @@
     python -m benchmarks.report                  # every section (under 20 minutes), writes docs/performance.md
     python -m benchmarks.report --only accuracy  # one section
     python -m benchmarks.report --quick          # short runs, a smoke test of the command
+    python -m benchmarks.report --only accuracy --processes 2 --processes 8  # rate-limit accuracy at 2 and 8
 
 The page names the machine (cores, load average at the start and the end), the commit measured (and
 whether the tree had changes not committed) and the command. Only a full run (no --quick, no --only)
@@ -120,17 +121,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=list(SECTIONS), action="append", help="run this section (repeatable)")
     parser.add_argument("--quick", action="store_true", help="short durations: a smoke test")
+    parser.add_argument("--processes", type=int, action="append", choices=range(1, 17), metavar="N",
+                        help="the accuracy section at N gateway processes (repeatable; default 1, 2, 4 and 8)")
     parser.add_argument("--out", type=Path, help="where the page goes (default: docs/performance.md for a full run)")
     args = parser.parse_args()
     names = args.only or list(SECTIONS)
-    full = not args.quick and not args.only
+    full = not args.quick and not args.only and not args.processes
     out = args.out or (PAGE if full else Path(f"/tmp/performance-{'quick-' if args.quick else ''}{'-'.join(names)}.md"))
     command = " ".join(["python -m benchmarks.report", *sys.argv[1:]])
     commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
     raise_open_files()  # 1,000 polling connections
     started, began, load_start = datetime.now(UTC), time.monotonic(), load()
     print(f"{command}: commit {commit}{' (dirty)' if dirty else ''}, load {load_start}", flush=True)
-    settings = runs.Settings(quick=args.quick)
+    settings = runs.Settings(args.quick, tuple(args.processes)) if args.processes else runs.Settings(args.quick)
     bodies = {}
     for name in names:
         with runs.section(name):

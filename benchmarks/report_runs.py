@@ -44,6 +44,7 @@ STARTUP_SEC = 90.0  # a process's wait to answer /healthz on a loaded machine
 @dataclass
 class Settings:
     quick: bool
+    sizes: tuple[int, ...] = (1, 2, 4, 8)  # the accuracy section's numbers of gateway processes
 
     def seconds(self, full: float, quick: float) -> float:
         return quick if self.quick else full
@@ -429,7 +430,7 @@ def accuracy(s: Settings) -> str:
                 timeout=STARTUP_SEC)
         redis = RedisServer(procs.workdir).start()
         try:
-            for n in (1, 2, 4, 8):
+            for n in s.sizes:
                 gateways = limited_gateways(procs, backend, redis.url, n, n, f"acc{n}")
                 counts, unused, window = storm_limits(gateways, UNKNOWN_TASK, seconds, redis)
                 for g in gateways:

@@ -35,6 +35,7 @@ from redis.exceptions import ClusterError, ConnectionError, RedisClusterExceptio
 from exports_common.errors import ApiError, unavailable
 
 RETRY_AFTER_SEC = 2
+MAX_CONNECTIONS = 1024  # per process (per node of a cluster)
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 # what both processes hold: one server or a cluster, used through the commands they share
@@ -96,6 +97,9 @@ class _Pipeline(ClusterPipeline):
 def connect(url: str, *, socket_timeout: float = 0.5, decode_responses: bool = False) -> AnyRedis:
     options: dict[str, Any] = {
         "decode_responses": decode_responses, "socket_timeout": socket_timeout, "socket_connect_timeout": 0.5,
+        # a command waits on one connection: a gateway process with hundreds of requests under way (each with a
+        # rate-limit check) needs as many; redis-py's default, 100, fails the next command when all are in use
+        "max_connections": MAX_CONNECTIONS,
         "retry": Retry(ExponentialBackoff(cap=0.25, base=0.05), retries=1),
         "retry_on_error": [ConnectionError, TimeoutError], "health_check_interval": 5,
         "driver_info": None,  # no CLIENT SETINFO: one round trip less per new connection

@@ -8,7 +8,10 @@ script per check, on the Redis clock, so every gateway sees one bucket
 
 The limiter never fails a request: with Redis unreachable each process keeps
 its share of every limit (rate and burst / number of gateway processes) locally,
-and tries Redis again a second later.
+and tries Redis again a second later. A check Redis is slow to answer while it
+answers this process's others (or while this process was not running) waits for
+its answer: the delay is this process's own loop, and only Redis's answer keeps
+the shared limit (a local share admits what the shared bucket would refuse).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from redis.exceptions import RedisError
+from redis.exceptions import MaxConnectionsError, RedisError
 
 from exports_common.redis_client import AnyRedis
 
@@ -27,10 +30,14 @@ log = logging.getLogger("gateway.limiter")
 
 # how long a process keeps to its local share after Redis failed, before one request tries Redis again
 REDIS_RETRY_SEC = 1.0
-# a check that Redis has not answered by then is decided locally (a stalled Redis must not stall requests)
+# a check that Redis has not answered by then, nor any other check of this process meanwhile, is decided
+# locally (a stalled Redis must not stall requests)
 REDIS_TIMEOUT_SEC = 0.25
 # a timeout that fired later than this after its time says the process stalled, not Redis
 LATE_TIMER_SEC = 0.05
+# the longest a check waits for its own answer while Redis is evidently alive; then it is decided locally all
+# the same (redis-py's socket timeout bounds the call too: exports_common/redis_client.py)
+REDIS_WAIT_MAX_SEC = 1.0
 # A request is admitted when it fits within half an interval: a bucket's sums meet its depth only up to
 # rounding (clocks are large numbers: seconds since boot here, milliseconds since 1970 in Redis, where the TAT
 # is also stored to the microsecond), and compared exactly a full burst sent at one instant often lost its
@@ -124,6 +131,7 @@ class Limiter:
         self._script: Any = redis.register_script(_GCRA) if redis is not None else None
         self._redis_down_until = 0.0
         self._answered_at = 0.0  # when Redis last answered a check of this process
+        self._checks: set[asyncio.Task[Decision]] = set()  # calls under way (the loop keeps only weak references)
         # bucket -> when Redis said the next request fits: until then every gateway's request would be
         # refused too (no token accrues anywhere sooner), so a flood's refusals cost no round trip
         self._refused_until: dict[str, float] = {}
@@ -153,24 +161,39 @@ class Limiter:
                 return self.local.hit((tag, limit), quota.share(processes))
             # this request tries Redis again; the others keep to the local share meanwhile
             self._redis_down_until = now + REDIS_RETRY_SEC
-        asked = time.monotonic()
-        try:
-            async with asyncio.timeout(REDIS_TIMEOUT_SEC):
-                allowed, remaining, retry_ms, reset_ms = await self._script(
-                    keys=[key], args=[1000.0 * quota.interval, 1000.0 * quota.window_sec])
-        except (RedisError, OSError, TimeoutError) as exc:
-            if isinstance(exc, TimeoutError) and (self._answered_at > asked
-                                                  or time.monotonic() - asked > REDIS_TIMEOUT_SEC + LATE_TIMER_SEC):
-                # Redis answered other checks meanwhile, or the timer ran late: this process is what was slow
-                # (busy, or not running on a loaded machine), not Redis. This request is decided locally; the next
-                # ones ask Redis again, since a second kept to the local share would hold the process to
-                # 1 / gateway_processes of the limit
-                return self.local.hit((tag, limit), quota.share(processes))
-            if not self._redis_down_until:
-                log.warning("rate limits: Redis unreachable; each gateway process enforces its share locally "
-                            "until it is back", extra={"error": repr(exc), "processes": processes})
-            self._redis_down_until = time.monotonic() + REDIS_RETRY_SEC
+        # the call runs as a task of its own: a check that waits no longer (Redis down, or the request gone)
+        # leaves it to finish, so what Redis counted is what this process learns, and no connection is torn down
+        check = asyncio.ensure_future(self._ask(key, quota))
+        self._checks.add(check)
+        check.add_done_callback(self._checked)
+        asked = waiting_since = time.monotonic()
+        while not (await asyncio.wait((check,), timeout=REDIS_TIMEOUT_SEC))[0]:
+            now = time.monotonic()
+            alive = self._answered_at > waiting_since or now - waiting_since > REDIS_TIMEOUT_SEC + LATE_TIMER_SEC
+            if alive and now - asked <= REDIS_WAIT_MAX_SEC:
+                waiting_since = now
+                continue
+            if not alive:
+                return self._redis_failed(TimeoutError(f"no answer within {REDIS_TIMEOUT_SEC} s"), tag, limit,
+                                          quota, processes)
+            # Redis answers this process's other checks, or the timer ran late: this process is what is slow
+            # (busy, or not running on a loaded machine), not Redis. This request is decided locally; the next
+            # ones ask Redis again, since a second kept to the local share would hold the process to
+            # 1 / gateway_processes of the limit
             return self.local.hit((tag, limit), quota.share(processes))
+        try:
+            return check.result()
+        except MaxConnectionsError:
+            # every connection of the client's pool is in use (exports_common/redis_client.py): no news of Redis
+            return self.local.hit((tag, limit), quota.share(processes))
+        except (RedisError, OSError) as exc:
+            return self._redis_failed(exc, tag, limit, quota, processes)
+
+    async def _ask(self, key: str, quota: Quota) -> Decision:
+        """Redis's decision; a late one (the request decided locally, or gone) still teaches this process that
+        Redis is up, and what it refuses."""
+        allowed, remaining, retry_ms, reset_ms = await self._script(
+            keys=[key], args=[1000.0 * quota.interval, 1000.0 * quota.window_sec])
         self._answered_at = time.monotonic()
         if self._redis_down_until:
             log.info("rate limits: Redis is back; limits are shared again")
@@ -179,6 +202,19 @@ class Limiter:
         if not decision.allowed:
             self._remember_refusal(key, decision.retry_after)
         return decision
+
+    def _checked(self, check: asyncio.Task[Decision]) -> None:
+        self._checks.discard(check)
+        if not check.cancelled():
+            check.exception()  # a failure nobody waited for is the Redis outage already logged, not a bug
+
+    def _redis_failed(self, exc: Exception, tag: str, limit: str, quota: Quota, processes: int) -> Decision:
+        """The local share decides, this request and every other for a second."""
+        if not self._redis_down_until:
+            log.warning("rate limits: Redis unreachable; each gateway process enforces its share locally "
+                        "until it is back", extra={"error": repr(exc), "processes": processes})
+        self._redis_down_until = time.monotonic() + REDIS_RETRY_SEC
+        return self.local.hit((tag, limit), quota.share(processes))
 
     def _remember_refusal(self, key: str, retry_after: float) -> None:
         now = time.monotonic()
