@@ -137,7 +137,7 @@ class SqlSource(Strict):
                 _limit_statements(conn, CHECK_TIMEOUT_SEC)
                 result = conn.execute(sa.select(sa.text("*")).select_from(self._from_clause(None)).where(sa.false()))
                 names = list(result.keys())
-                types = column_types(conn.dialect.name, result.cursor.description)
+                types = column_types(conn.dialect.name, result.cursor)
                 result.close()
         except sa.exc.SQLAlchemyError as error:
             if _interrupted(error):  # a query so slow it is not even described in time: not a config error
@@ -273,7 +273,7 @@ class SqlRows(RowSource):
             threading.Thread(target=self._watch, name="sql-cancel-watch", daemon=True).start()
             self._cursor = _streaming_cursor(conn, self._statement)
             if self._types is None:
-                self._types = column_types(name, self._cursor.description)
+                self._types = column_types(name, self._cursor)
 
     def batches(self) -> Iterator[Batch]:
         cursor = self._cursor
