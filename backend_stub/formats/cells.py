@@ -84,9 +84,16 @@ def _decimal_json(value: Decimal) -> Any:
     return orjson.Fragment(decimal_text(value)) if value.is_finite() else decimal_text(value)
 
 
-def column_json(kinds: set[type]) -> Callable[[Any], Any] | None:
+def _decimal_text_json(value: str | None) -> Any:
+    """A decimal given as its text: a JSON number with those digits; NaN and the infinities stay strings."""
+    return orjson.Fragment(value) if value is not None and value[-1:].isdigit() else value
+
+
+def column_json(kinds: set[type], decimal: bool = False) -> Callable[[Any], Any] | None:
     """For a column holding values of these types, the converter to what orjson writes by these rules
-    (None: orjson writes them as they are)."""
+    (None: orjson writes them as they are). `decimal`: the column is declared a decimal, its text its digits."""
+    if decimal and kinds <= {str, NoneType}:
+        return _decimal_text_json
     if kinds <= _JSON_NATIVE:
         return None
     if kinds <= {Decimal, NoneType}:
