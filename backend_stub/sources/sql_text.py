@@ -71,6 +71,8 @@ class TimestamptzText(_Text):
 
     def load(self, data: Buffer) -> str:
         text = bytes(data).decode()
+        if len(text) == _SECONDS_END + 3 and text[_SECONDS_END:] == "+00" and text[10] == " " and text[4] == "-":
+            return f"{text[:_DATE_LEN]}T{text[_DATE_LEN + 1:_SECONDS_END]}Z"  # whole seconds: the common case
         written = _iso(text, len(text) - 3) if text.endswith("+00") else None
         return written + "Z" if written is not None else cells.timestamp_text(self._typed.load(data))
 
