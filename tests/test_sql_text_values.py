@@ -3,7 +3,8 @@
 The text formats read these columns as the server writes them (no Python object per value); Parquet
 reads them typed. Both are written here from the same table and compared, for the shapes the server
 writes (fractions of every length, no fraction, the first and last dates Python knows, NaN and
-infinite numerics, formula-like negatives), and a value Python cannot hold fails the same way.
+infinite numerics, a decimal column without NULL, formula-like negatives), and a value Python
+cannot hold fails the same way.
 """
 from __future__ import annotations
 
@@ -20,19 +21,19 @@ from tests.databases import SqlDatabase
 from tests.test_sql_source import Ctx, engine_of, run
 
 VALUES = """INSERT INTO v VALUES
- (1, 12.50, 0, '2026-01-01', '2026-01-01 00:00:00', '2026-01-01 00:00:00+00'),
- (2, -0.000001, 123456789012345678901234567890.123456789, '0001-01-01', '2026-02-28 23:59:58.5',
+ (1, 12.50, 0, 1.5, '2026-01-01', '2026-01-01 00:00:00', '2026-01-01 00:00:00+00'),
+ (2, -0.000001, 123456789012345678901234567890.123456789, -2.250, '0001-01-01', '2026-02-28 23:59:58.5',
   '2026-03-01 01:02:03.5+01'),
- (3, 99999999999999.999999, 'NaN', '9999-12-31', '1999-12-31 23:59:59.000001', '1970-01-01 00:00:00.123456+00'),
- (4, NULL, 'Infinity', NULL, NULL, NULL),
- (5, 0, '-Infinity', '2024-02-29', '2024-02-29 12:00:00.12', '2024-02-29 12:00:00.1-07:30')"""
+ (3, 99999999999999.999999, 'NaN', 0, '9999-12-31', '1999-12-31 23:59:59.000001', '1970-01-01 00:00:00.123456+00'),
+ (4, NULL, 'Infinity', 99999.999, NULL, NULL, NULL),
+ (5, 0, '-Infinity', -0.001, '2024-02-29', '2024-02-29 12:00:00.12', '2024-02-29 12:00:00.1-07:30')"""
 
 
 def create(database: SqlDatabase) -> SqlSource:
     engine = engine_of(database)
     with engine.begin() as conn:
-        conn.exec_driver_sql("CREATE TABLE v (id INTEGER PRIMARY KEY, n NUMERIC(20,6), u NUMERIC, d DATE, "
-                             "ts TIMESTAMP, tz TIMESTAMPTZ)")
+        conn.exec_driver_sql("CREATE TABLE v (id INTEGER PRIMARY KEY, n NUMERIC(20,6), u NUMERIC, "
+                             "k NUMERIC(8,3) NOT NULL, d DATE, ts TIMESTAMP, tz TIMESTAMPTZ)")
         conn.exec_driver_sql(VALUES)
     engine.dispose()
     source = SqlSource.model_validate({"kind": "sql", "url": database.url, "table": "v", "key": "id"})

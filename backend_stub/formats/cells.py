@@ -9,7 +9,7 @@ text. Anything else is its str().
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from types import NoneType
@@ -100,6 +100,19 @@ def column_json(kinds: set[type], decimal: bool = False) -> Callable[[Any], Any]
         return lambda value: None if value is None else _decimal_json(value)
     convert = column_text(kinds)
     return convert if convert is not text else json_value
+
+
+_NON_FINITE = frozenset({"NaN", "Infinity", "-Infinity"})  # a numeric's text that is no JSON number
+
+
+def json_column(column: Sequence[Any], decimal: bool = False) -> Iterable[Any]:
+    """A column's values as orjson writes them by these rules: the column itself when they are already, else
+    converted (a declared decimal's texts, none of them NULL or not finite: each a JSON number, all in C)."""
+    kinds = set(map(type, column))
+    if decimal and kinds == {str} and _NON_FINITE.isdisjoint(column):
+        return map(orjson.Fragment, column)
+    convert = column_json(kinds, decimal)
+    return column if convert is None else map(convert, column)
 
 
 def json_value(value: Any) -> Any:

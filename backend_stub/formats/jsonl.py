@@ -36,11 +36,10 @@ class JsonlWriter:
     def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
         if rows:  # columns of types orjson does not write by the output rules are converted first, a column at once
             columns = list(zip(*rows, strict=True))
-            converters = [cells.column_json(set(map(type, column)), decimal)
-                          for column, decimal in zip(columns, self._decimal, strict=True)]
-            if any(converters):
-                rows = list(zip(*(column if convert is None else map(convert, column)
-                                  for column, convert in zip(columns, converters, strict=True)), strict=True))
+            converted = [cells.json_column(column, decimal) for column, decimal in zip(columns, self._decimal,
+                                                                                      strict=True)]
+            if any(new is not old for new, old in zip(converted, columns, strict=True)):
+                rows = list(zip(*converted, strict=True))
         if not rows:
             return
         try:
