@@ -31,7 +31,7 @@ from backend_stub.formats import FORMATS, WriteOptions
 from backend_stub.models import Task
 from backend_stub.part_file import PartFile
 from backend_stub.result_store import StoreUnavailable
-from backend_stub.sources import BODY_KINDS, Batch, BodyKind, SourceKind, TypedSource
+from backend_stub.sources import BODY_KINDS, Batch, BodyKind, SourceKind, TextValuesKind, TypedSource
 from exports_common.netpolicy import AddressPolicy
 
 RUNNING_MAX_PROGRESS = 95  # until the file is stored
@@ -143,7 +143,9 @@ class ExportJob:
         output = FORMATS.get(self.task.format)
         if output is None:
             raise PermanentFailure("FORMAT_UNAVAILABLE", f"this backend no longer writes {self.task.format!r}")
-        with kind.open(ctx, spec.filters) as source:
+        opened = (kind.open_text_values(ctx, spec.filters) if output.text_values and isinstance(kind, TextValuesKind)
+                  else kind.open(ctx, spec.filters))
+        with opened as source:
             types = source.column_types() if isinstance(source, TypedSource) else None
             writer = output.open(part.stream, source.columns, WriteOptions(spec.csv_escape_formulas, types))
             estimate = source.estimate_rows()

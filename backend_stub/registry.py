@@ -8,7 +8,10 @@ Settings a reload cannot apply (ports, stores, workers) are named and wait for a
 Each type's definition is kept as written in the file (`${ENV}` references unexpanded, so
 no secret is in it) under the digest of its canonical JSON. A task records the digest when
 it is created and every attempt and re-run reads the definition back from the task store, so
-editing or removing a type never changes what an existing task exports.
+editing or removing a type never changes what an existing task exports. A definition is kept
+while a task names it: the janitor removes one that no task names and that no backend has
+recorded for two RECORD_REFRESH_SEC (each records the definitions it creates tasks under at
+least that often), so none is removed between its recording and the task that names it.
 
 `GET /export-types` answers with an `ETag` (the digest of its body) and 304 to a matching
 `If-None-Match`, so the gateways can re-read it every few seconds for nothing. The gateway's
@@ -20,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -32,6 +36,7 @@ from exports_common.config_loader import ConfigError, interpolate, load_model, r
 from exports_common.netpolicy import AddressPolicy
 
 log = logging.getLogger("backend.registry")
+RECORD_REFRESH_SEC = 3600.0  # how often a backend records again a definition it creates tasks under
 
 
 def digest_of(definition: Mapping[str, Any]) -> str:
@@ -101,7 +106,7 @@ class Registry:
         self._started_file = self._file() or config
         self._parsed: dict[str, ExportTypeConfig] = {}  # digest -> the definition as a model, for attempts
         self._listeners: list[Callable[[Snapshot], None]] = []
-        self._recorded: set[str] = set()  # digests this process stored
+        self._recorded: dict[str, float] = {}  # digest -> when this process last stored it (monotonic)
 
     def _file(self) -> BackendConfig | None:
         try:
@@ -116,9 +121,12 @@ class Registry:
     async def record(self, export_type: str) -> str:
         """Store the type's definition in force under its digest (before a task names it) and return the digest."""
         digest = self.current.digests[export_type]
-        if digest not in self._recorded:  # kept for good once stored: one write per definition and process
+        now = time.monotonic()
+        if now - self._recorded.get(digest, -RECORD_REFRESH_SEC) >= RECORD_REFRESH_SEC:
+            # at most one write per definition, process and RECORD_REFRESH_SEC; the write also tells the janitor
+            # the definition is in use (it removes only those unrecorded for longer, which no task names)
             await self.store.put_type_definition(digest, canonical(self.current.definitions[export_type]))
-            self._recorded.add(digest)
+            self._recorded[digest] = now
         return digest
 
     async def definition(self, export_type: str, digest: str) -> ExportTypeConfig | None:

@@ -242,11 +242,9 @@ def test_parquet_keeps_the_databases_types_read_back_through_pyarrow(sql_databas
     assert schema.field("tz").type == pa.timestamp("us", tz="UTC")
     assert schema.field("ts").type == pa.timestamp("us")
     assert schema.field("d").type == pa.date32()
-    assert pa.types.is_decimal(schema.field("amount").type) and schema.field("amount").type.scale == 18
     assert schema.field("bin").type == pa.binary()
-    if sql_database.kind == "postgresql":  # MariaDB's description cannot tell a signed DECIMAL: one digit more
-        assert schema.field("amount").type == pa.decimal128(38, 18)
-        assert schema.field("big").type == pa.decimal128(10, 0)
+    assert schema.field("amount").type == pa.decimal128(38, 18)
+    assert schema.field("big").type == pa.decimal128(10, 0)
     rows = table.to_pylist()
     assert rows[0] == {"id": 1, "txt": "Grüße, \"quoted\"\n日本 😀", "d": date(2026, 2, 28),
                        "ts": datetime(2026, 2, 28, 23, 59, 58, 123456),
@@ -256,6 +254,26 @@ def test_parquet_keeps_the_databases_types_read_back_through_pyarrow(sql_databas
     assert (rows[1]["txt"], rows[1]["d"], rows[1]["bin"], rows[2]["txt"]) == ("", None, b"", None)
     assert rows[1]["amount"] == Decimal("0.000000000000000001")
     assert base64.b64encode(rows[0]["bin"]) == b"AP8QYmluYXJ5"
+
+
+def test_parquet_decimals_have_the_declared_precision_signed_unsigned_or_computed_on_mariadb(
+        mariadb_database: SqlDatabase, tmp_path: Path) -> None:
+    engine = engine_of(mariadb_database)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE decs (id INTEGER PRIMARY KEY, a DECIMAL(10,2), b DECIMAL(10,0), "
+                             "u DECIMAL(10,2) UNSIGNED, f DECIMAL(2,2), w DECIMAL(65,30), z DECIMAL(5,0) UNSIGNED)")
+        conn.exec_driver_sql("INSERT INTO decs VALUES (1, -99999999.99, -9999999999, 99999999.99, -0.99, "
+                             "-99999999999999999999999999999999999.999999999999999999999999999999, 99999)")
+    engine.dispose()
+    spec = ExportTypeConfig.model_validate({"source": {"kind": "sql", "url": mariadb_database.url, "key": "id",
+                                                       "query": "SELECT decs.*, a + b AS s FROM decs"},
+                                            "formats": ["parquet"]})
+    table = pq.read_table(io.BytesIO(run(spec, tmp_path, "parquet")[0]))
+    assert {name: table.schema.field(name).type for name in ("a", "b", "u", "f", "w", "z", "s")} == {
+        "a": pa.decimal128(10, 2), "b": pa.decimal128(10, 0), "u": pa.decimal128(10, 2), "f": pa.decimal128(2, 2),
+        "w": pa.decimal256(65, 30), "z": pa.decimal128(5, 0), "s": pa.decimal128(13, 2)}
+    assert table.to_pylist()[0]["u"] == Decimal("99999999.99")
+    assert table.to_pylist()[0]["s"] == Decimal("-10099999998.99")
 
 
 def test_an_unbounded_numeric_is_written_to_parquet_as_its_exact_digits(pg_database: SqlDatabase,

@@ -46,3 +46,5 @@ class OutputFormat:
     name: str
     media_type: str
     open: Callable[[BinaryIO, Sequence[str], WriteOptions], RowWriter]  # (output, columns, options)
+    # the writer takes dates, timestamps and decimals as their output text too (a declared decimal column's as str)
+    text_values: bool = False

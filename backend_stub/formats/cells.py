@@ -9,7 +9,7 @@ text. Anything else is its str().
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from types import NoneType
@@ -84,15 +84,35 @@ def _decimal_json(value: Decimal) -> Any:
     return orjson.Fragment(decimal_text(value)) if value.is_finite() else decimal_text(value)
 
 
-def column_json(kinds: set[type]) -> Callable[[Any], Any] | None:
+def _decimal_text_json(value: str | None) -> Any:
+    """A decimal given as its text: a JSON number with those digits; NaN and the infinities stay strings."""
+    return orjson.Fragment(value) if value is not None and value[-1:].isdigit() else value
+
+
+def column_json(kinds: set[type], decimal: bool = False) -> Callable[[Any], Any] | None:
     """For a column holding values of these types, the converter to what orjson writes by these rules
-    (None: orjson writes them as they are)."""
+    (None: orjson writes them as they are). `decimal`: the column is declared a decimal, its text its digits."""
+    if decimal and kinds <= {str, NoneType}:
+        return _decimal_text_json
     if kinds <= _JSON_NATIVE:
         return None
     if kinds <= {Decimal, NoneType}:
         return lambda value: None if value is None else _decimal_json(value)
     convert = column_text(kinds)
     return convert if convert is not text else json_value
+
+
+_NON_FINITE = frozenset({"NaN", "Infinity", "-Infinity"})  # a numeric's text that is no JSON number
+
+
+def json_column(column: Sequence[Any], decimal: bool = False) -> Iterable[Any]:
+    """A column's values as orjson writes them by these rules: the column itself when they are already, else
+    converted (a declared decimal's texts, none of them NULL or not finite: each a JSON number, all in C)."""
+    kinds = set(map(type, column))
+    if decimal and kinds == {str} and _NON_FINITE.isdisjoint(column):
+        return map(orjson.Fragment, column)
+    convert = column_json(kinds, decimal)
+    return column if convert is None else map(convert, column)
 
 
 def json_value(value: Any) -> Any:

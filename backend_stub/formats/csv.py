@@ -81,4 +81,4 @@ class CsvWriter:
         self._text.detach()  # the output stream stays open: it belongs to the caller
 
 
-FORMAT = OutputFormat("csv", "text/csv; charset=utf-8", CsvWriter)
+FORMAT = OutputFormat("csv", "text/csv; charset=utf-8", CsvWriter, text_values=True)

@@ -23,6 +23,8 @@ class JsonlWriter:
     def __init__(self, out: BinaryIO, columns: Sequence[str], options: WriteOptions) -> None:
         self._out = out
         self._columns = tuple(columns)
+        types = options.column_types or ()
+        self._decimal = [t.kind == "decimal" for t in types] if len(types) == len(columns) else [False] * len(columns)
 
     def _lines(self, rows: Sequence[Sequence[Any]]) -> bytes:
         columns = self._columns
@@ -34,10 +36,10 @@ class JsonlWriter:
     def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
         if rows:  # columns of types orjson does not write by the output rules are converted first, a column at once
             columns = list(zip(*rows, strict=True))
-            converters = [cells.column_json(set(map(type, column))) for column in columns]
-            if any(converters):
-                rows = list(zip(*(column if convert is None else map(convert, column)
-                                  for column, convert in zip(columns, converters, strict=True)), strict=True))
+            converted = [cells.json_column(column, decimal) for column, decimal in zip(columns, self._decimal,
+                                                                                      strict=True)]
+            if any(new is not old for new, old in zip(converted, columns, strict=True)):
+                rows = list(zip(*converted, strict=True))
         if not rows:
             return
         try:
@@ -54,4 +56,4 @@ def _wide_int(value: Any) -> Any:
     return orjson.Fragment(int.__repr__(value)) if value.__class__ is int and value.bit_length() > 63 else value
 
 
-FORMAT = OutputFormat("jsonl", "application/x-ndjson", JsonlWriter)
+FORMAT = OutputFormat("jsonl", "application/x-ndjson", JsonlWriter, text_values=True)

@@ -21,6 +21,7 @@ from backend_stub.sources.base import (
     Source,
     SourceContext,
     SourceKind,
+    TextValuesKind,
     TypedSource,
 )
 from backend_stub.sources.http import HttpSource
@@ -33,4 +34,5 @@ SourceConfig = Annotated[SyntheticSource | SqlSource | PythonSource | HttpSource
 BODY_KINDS = (HttpSource,)
 
 __all__ = ["API_VERSION", "BODY_KINDS", "Batch", "Body", "BodyKind", "CheckedAtLoad", "RowSource", "Source",
-           "SourceConfig", "SourceContext", "SourceKind", "TypedSource"]
+           "SourceConfig", "SourceContext", "SourceKind", "TextValuesKind",
+           "TypedSource"]

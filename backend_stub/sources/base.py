@@ -149,6 +149,15 @@ class TypedSource(Protocol):
 
 
 @runtime_checkable
+class TextValuesKind(Protocol):
+    """A source kind that can hand dates, timestamps and decimals over already as the text formats write them
+    (a database's own text: no conversion per value in Python). A decimal column's values are then `str`; its
+    declared type (`TypedSource`) says it is a decimal."""
+
+    def open_text_values(self, ctx: SourceContext, filters: Mapping[str, FilterSpec]) -> Source: ...
+
+
+@runtime_checkable
 class CheckedAtLoad(Protocol):
     """A source kind that checks itself against what it reads when the config loads (a database's columns)."""
 

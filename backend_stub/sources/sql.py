@@ -34,6 +34,7 @@ from backend_stub.config_model import Strict
 from backend_stub.failures import Cancelled, DeadlineReached, PermanentFailure, TransientFailure
 from backend_stub.filters import FilterSpec
 from backend_stub.formats.base import ColumnType
+from backend_stub.sources import sql_text
 from backend_stub.sources.base import Batch, RowSource, SourceContext
 from backend_stub.sources.sql_types import column_types
 from exports_common import sql
@@ -137,7 +138,7 @@ class SqlSource(Strict):
                 _limit_statements(conn, CHECK_TIMEOUT_SEC)
                 result = conn.execute(sa.select(sa.text("*")).select_from(self._from_clause(None)).where(sa.false()))
                 names = list(result.keys())
-                types = column_types(conn.dialect.name, result.cursor.description)
+                types = column_types(conn.dialect.name, result.cursor)
                 result.close()
         except sa.exc.SQLAlchemyError as error:
             if _interrupted(error):  # a query so slow it is not even described in time: not a config error
@@ -173,6 +174,13 @@ class SqlSource(Strict):
         return sa.select(*src.c).where(*conditions).order_by(src.c[self.key])
 
     def open(self, ctx: SourceContext, filters: Mapping[str, FilterSpec]) -> SqlRows:
+        return self._open(ctx, filters, text_values=False)
+
+    def open_text_values(self, ctx: SourceContext, filters: Mapping[str, FilterSpec]) -> SqlRows:
+        """Rows whose dates, timestamps and decimals are the text formats' text already (PostgreSQL: sql_text)."""
+        return self._open(ctx, filters, text_values=True)
+
+    def _open(self, ctx: SourceContext, filters: Mapping[str, FilterSpec], text_values: bool) -> SqlRows:
         if self._columns is None:  # unreachable at load: checked now
             try:
                 self._describe()
@@ -183,7 +191,7 @@ class SqlSource(Strict):
             except ValueError as error:
                 raise PermanentFailure("SOURCE_ERROR", f"the export type's source does not match its "
                                                        f"database: {error}") from None
-        return SqlRows(self, ctx, filters)
+        return SqlRows(self, ctx, filters, text_values)
 
 
 def _condition(column: sa.ColumnElement[Any], spec: FilterSpec, value: Any) -> sa.ColumnElement[bool]:
@@ -217,8 +225,10 @@ def _failure(error: sql.SqlError) -> Exception:
 class SqlRows(RowSource):
     """One attempt: a connection in a read-only snapshot, its statement streaming through a server-side cursor."""
 
-    def __init__(self, config: SqlSource, ctx: SourceContext, filters: Mapping[str, FilterSpec]) -> None:
+    def __init__(self, config: SqlSource, ctx: SourceContext, filters: Mapping[str, FilterSpec],
+                 text_values: bool = False) -> None:
         self._ctx = ctx
+        self._text_values = text_values
         self._url = config.replica_url or config.url
         self._statement = config.statement(filters, ctx.filters, ctx.tenant)
         self._from_table = config.table is not None
@@ -254,7 +264,7 @@ class SqlRows(RowSource):
             if name == "postgresql":
                 conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
                 _limit_statements(conn, remaining_ms / 1000)
-                settings = {"TimeZone": "UTC",
+                settings = {"TimeZone": "UTC", "DateStyle": "ISO",
                             "idle_in_transaction_session_timeout": str(remaining_ms)}
                 if (conn.dialect.server_version_info or (0,)) >= (14,):
                     settings["client_connection_check_interval"] = str(PG_CONNECTION_CHECK_MS)
@@ -271,9 +281,9 @@ class SqlRows(RowSource):
             if name == "postgresql" or self._from_table:  # MariaDB's EXPLAIN runs a derived table's query
                 self._estimate = _planner_estimate(conn, self._statement)
             threading.Thread(target=self._watch, name="sql-cancel-watch", daemon=True).start()
-            self._cursor = _streaming_cursor(conn, self._statement)
+            self._cursor = _streaming_cursor(conn, self._statement, self._text_values)
             if self._types is None:
-                self._types = column_types(name, self._cursor.description)
+                self._types = column_types(name, self._cursor)
 
     def batches(self) -> Iterator[Batch]:
         cursor = self._cursor
@@ -362,9 +372,10 @@ def _interrupted(error: Exception) -> bool:
     return bool(args) and args[0] in _MYSQL_INTERRUPTED
 
 
-def _streaming_cursor(conn: Connection, statement: sa.Select[Any]) -> Any:
+def _streaming_cursor(conn: Connection, statement: sa.Select[Any], text_values: bool) -> Any:
     """The statement, compiled by SQLAlchemy with its bound parameters, run on a server-side cursor of the
-    driver (rows come as the driver's tuples, without a Row object per row in between)."""
+    driver (rows come as the driver's tuples, without a Row object per row in between). `text_values`: on
+    PostgreSQL, dates, timestamps and numerics come as their output text (sql_text)."""
     compiled = statement.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
     params: Any = compiled.params
     if conn.dialect.positional:
@@ -373,6 +384,8 @@ def _streaming_cursor(conn: Connection, statement: sa.Select[Any]) -> Any:
     name = conn.dialect.name
     if name == "postgresql":
         cursor = driver_conn.cursor(name="export_rows")  # a named cursor: DECLARE, then FETCH a batch at a time
+        if text_values:
+            sql_text.register(cursor)
     elif name in ("mysql", "mariadb"):
         from pymysql.cursors import SSCursor  # loaded already: the dialect's driver
 

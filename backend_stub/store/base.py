@@ -164,8 +164,14 @@ class TaskStore(Protocol):
     async def ping(self) -> bool: ...
 
     async def put_type_definition(self, digest: str, definition: str) -> None:
-        """Keep an export type's definition (JSON, as written in the file) under its digest; the same digest
-        always holds the same text, so a second put changes nothing. Kept for good: a config edit adds one."""
+        """Keep an export type's definition (JSON, as written in the file) under its digest, and note the time
+        (the store's clock) as its last recording; the same digest always holds the same text, so a second put
+        only moves that time."""
+
+    async def drop_unused_type_definitions(self, recorded_before: float) -> int:
+        """Remove the definitions last recorded before `recorded_before` that no task names (`type_digest`);
+        returns how many. A task is created right after its definition is recorded (`put_type_definition`), so
+        a cut-off well before now never removes one a task being created is about to name."""
 
     async def type_definition(self, digest: str) -> str | None:
         """The definition kept under `digest`, or None."""

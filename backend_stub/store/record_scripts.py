@@ -88,6 +88,15 @@ redis.call('SET', KEYS[2], newest[1][1])
 return removed
 """
 
+# KEYS: definitions (sorted set: digest -> when last recorded, backend clock), the definition's key
+# ARGV: digest, recorded before (backend clock). Removes it if it was not recorded since; 1 if removed.
+DROP_DEFINITION = """
+local at = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if at and tonumber(at) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+return redis.call('DEL', KEYS[2])
+"""
+
 # KEYS: claim, task record, callbacks (sorted set: task id -> when due, backend clock)
 # ARGV: task id, holder, lease ms, now (backend clock, as `due_callbacks` is asked), due again at (backend clock)
 # Returns nil, or {the record as claimed, 1 if a dead holder's claim was taken over else 0}.

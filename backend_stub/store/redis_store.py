@@ -72,6 +72,8 @@ class RedisTaskStore:
         self._latest_change = self.redis.register_script(records.LATEST)
         self._trim_changes = self.redis.register_script(records.TRIM)
         self._claim_callback = self.redis.register_script(records.CLAIM_CALLBACK)
+        self._drop_definition = self.redis.register_script(records.DROP_DEFINITION)
+        self.definitions = f"{self.prefix}:type_definitions"  # digest -> when last recorded
         self.tenants = f"{self.prefix}:tenants"  # every tenant that ever had a task here: a few per customer
 
     def _task_key(self, task_id: str) -> str:
@@ -334,10 +336,35 @@ class RedisTaskStore:
         return counts, oldest
 
     async def put_type_definition(self, digest: str, definition: str) -> None:
-        await self.redis.set(f"{self.prefix}:type_definition:{digest}", definition, nx=True)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._definition_key(digest), definition, nx=True)
+            pipe.zadd(self.definitions, {digest: time.time()})
+            await pipe.execute()
+
+    def _definition_key(self, digest: str) -> str:
+        return f"{self.prefix}:type_definition:{digest}"
+
+    async def drop_unused_type_definitions(self, recorded_before: float) -> int:
+        """Reads every task record (as `task_counts` does): the janitor runs it seldom."""
+        candidates = await self.redis.zrangebyscore(self.definitions, "-inf", f"({recorded_before}")
+        if not candidates:
+            return 0
+        named: set[str] = set()
+        for tenant in cast("set[str]", await self.redis.smembers(self.tenants)):
+            ids = await self.redis.zrange(self._tenant_key(tenant), 0, -1)
+            for start in range(0, len(ids), 500):
+                for raw in await self.redis.mget([self._task_key(str(t)) for t in ids[start:start + 500]]):
+                    if raw is not None:
+                        named.add(Task.from_json(raw).type_digest)
+        dropped = 0
+        for digest in map(str, candidates):
+            if digest not in named:  # the script keeps it if it was recorded again since (a task on its way)
+                dropped += int(await self._drop_definition(keys=[self.definitions, self._definition_key(digest)],
+                                                           args=[digest, recorded_before]))
+        return dropped
 
     async def type_definition(self, digest: str) -> str | None:
-        found = await self.redis.get(f"{self.prefix}:type_definition:{digest}")
+        found = await self.redis.get(self._definition_key(digest))
         return str(found) if found is not None else None
 
     async def ping(self) -> bool:

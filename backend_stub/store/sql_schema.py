@@ -89,6 +89,7 @@ type_definitions = sa.Table(
     "exports_type_definitions", metadata,
     sa.Column("digest", _Id, primary_key=True),
     sa.Column("definition", _Json, nullable=False),
+    sa.Column("recorded_at", _Time, nullable=False, server_default="0"),  # its last recording: unused ones go
 )
 
 schema_version = sa.Table(
@@ -109,8 +110,16 @@ def _v2(conn: Connection) -> None:
     metadata.create_all(conn, tables=[type_definitions])
 
 
+def _v3(conn: Connection) -> None:
+    # definitions kept before this count as recorded long ago: the janitor removes them once no task names them
+    if "recorded_at" not in {column["name"] for column in sa.inspect(conn).get_columns(type_definitions.name)}:
+        column = type_definitions.c.recorded_at
+        kind = column.type.compile(dialect=conn.dialect)
+        conn.exec_driver_sql(f"ALTER TABLE {type_definitions.name} ADD COLUMN {column.name} {kind} NOT NULL DEFAULT 0")
+
+
 # index i moves the schema from version i to i + 1; each must be safe to run again after a crash part-way
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3]
 VERSION = len(MIGRATIONS)
 LOCK_NAME = "exports_task_store_schema"
 LOCK_KEY = 0x6578706F7274  # pg_advisory_lock's bigint: "export" in ASCII

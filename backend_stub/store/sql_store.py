@@ -597,12 +597,16 @@ class SqlTaskStore:
 
         async def body(conn: AsyncConnection) -> None:
             # a digest always names the same text: whoever stored it first, the row is the same
+            now = time.time()
             if await _scalar(conn, sa.select(kept.c.digest).where(kept.c.digest == digest)) is None:
                 try:
                     async with conn.begin_nested():
-                        await conn.execute(kept.insert().values(digest=digest, definition=definition))
+                        await conn.execute(kept.insert().values(digest=digest, definition=definition,
+                                                                recorded_at=now))
+                        return
                 except exc.IntegrityError:
                     pass  # another backend stored it between the look and the insert
+            await conn.execute(kept.update().where(kept.c.digest == digest).values(recorded_at=now))
 
         await self._tx(body)
 
@@ -611,6 +615,23 @@ class SqlTaskStore:
         query = sa.select(kept.c.definition).where(kept.c.digest == digest)
         found = await self._read(lambda conn: _scalar(conn, query))
         return None if found is None else str(found)
+
+    async def drop_unused_type_definitions(self, recorded_before: float) -> int:
+        kept, tasks = schema.type_definitions, schema.tasks
+        named = sa.select(sa.literal(1)).where(_type_digest(tasks.c.body, self.postgres) == kept.c.digest)
+        statement = sa.delete(kept).where(kept.c.recorded_at < recorded_before, ~named.exists())
+
+        async def body(conn: AsyncConnection) -> int:
+            return int((await conn.execute(statement)).rowcount)
+
+        return await self._tx(body)
+
+
+def _type_digest(body: sa.ColumnElement[str], postgres: bool) -> sa.ColumnElement[str]:
+    """The `type_digest` of a task record's JSON, by the database's own JSON functions."""
+    if postgres:
+        return sa.cast(body, postgresql.JSONB)["type_digest"].astext
+    return sa.func.json_unquote(sa.func.json_extract(body, "$.type_digest"), type_=sa.String())
 
 
 async def _scalar(conn: AsyncConnection, query: sa.Executable) -> Any:

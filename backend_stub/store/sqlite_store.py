@@ -71,7 +71,8 @@ CREATE TABLE IF NOT EXISTS change_log (
 INSERT OR IGNORE INTO change_log VALUES (1, 0);
 CREATE TABLE IF NOT EXISTS type_definitions (
     digest TEXT PRIMARY KEY,
-    definition TEXT NOT NULL
+    definition TEXT NOT NULL,
+    recorded_at REAL NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS callback_claims (
     task_id TEXT PRIMARY KEY,
@@ -125,6 +126,9 @@ class SqliteTaskStore:
             db.execute("UPDATE queue SET tenant = coalesce((SELECT tenant FROM tasks "
                        "WHERE tasks.task_id = queue.task_id), '')")
         db.executescript(_QUEUE_INDEXES)
+        if "recorded_at" not in {row[1] for row in db.execute("PRAGMA table_info(type_definitions)")}:
+            # a file from before definitions were collected: each counts as recorded long ago
+            db.execute("ALTER TABLE type_definitions ADD COLUMN recorded_at REAL NOT NULL DEFAULT 0")
         db.execute("UPDATE queue SET lease_owner = NULL, lease_until = NULL")
         self._db = db
         with db:
@@ -404,9 +408,17 @@ class SqliteTaskStore:
         return True
 
     async def put_type_definition(self, digest: str, definition: str) -> None:
-        self.db.execute("INSERT OR IGNORE INTO type_definitions (digest, definition) VALUES (?, ?)",
-                        (digest, definition))
+        self.db.execute("INSERT INTO type_definitions (digest, definition, recorded_at) VALUES (?, ?, ?) "
+                        "ON CONFLICT (digest) DO UPDATE SET recorded_at = excluded.recorded_at",
+                        (digest, definition, time.time()))
 
     async def type_definition(self, digest: str) -> str | None:
         row = self.db.execute("SELECT definition FROM type_definitions WHERE digest = ?", (digest,)).fetchone()
         return str(row[0]) if row else None
+
+    async def drop_unused_type_definitions(self, recorded_before: float) -> int:
+        with self.db:
+            return self.db.execute(
+                "DELETE FROM type_definitions WHERE recorded_at < ? AND NOT EXISTS (SELECT 1 FROM tasks "
+                "WHERE json_extract(tasks.body, '$.type_digest') = type_definitions.digest)",
+                (recorded_before,)).rowcount
