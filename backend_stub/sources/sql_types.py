@@ -24,7 +24,6 @@ _MYSQL_KINDS: dict[int, ColumnKind] = {
     12: "timestamp", 7: "timestamptz",  # DATETIME; TIMESTAMP, which is stored in UTC
     245: "json",
 }
-_UNSIGNED_FLAG = 32  # pymysql.constants.FLAG.UNSIGNED
 
 
 def column_types(name: str, cursor: Any) -> list[ColumnType]:
@@ -33,8 +32,7 @@ def column_types(name: str, cursor: Any) -> list[ColumnType]:
     if name == "postgresql":
         return [_pg_type(column) for column in description]
     if name in ("mysql", "mariadb"):
-        flags = _mysql_flags(cursor, len(description))
-        return [_mysql_type(column, flag) for column, flag in zip(description, flags, strict=True)]
+        return [_mysql_type(column) for column in description]
     return [ColumnType("unknown") for _ in description]
 
 
@@ -45,19 +43,13 @@ def _pg_type(column: Any) -> ColumnType:
     return ColumnType(kind)
 
 
-def _mysql_flags(cursor: Any, count: int) -> list[int]:
-    """The column flags of a PyMySQL result, which its PEP 249 description leaves out (all 0 if not found)."""
-    fields = getattr(getattr(cursor, "_result", None), "fields", None) or ()
-    flags = [int(getattr(field, "flags", 0)) for field in fields]
-    return flags if len(flags) == count else [0] * count
-
-
-def _mysql_type(column: tuple[Any, ...], flags: int) -> ColumnType:
+def _mysql_type(column: tuple[Any, ...]) -> ColumnType:
     """The server describes a DECIMAL(p,s) by its display length: p digits, a point when s > 0, and a sign
-    unless the column is UNSIGNED (a flag)."""
+    unless the column is UNSIGNED. PyMySQL's public description has no UNSIGNED flag, so the length less the
+    point is the precision: exact for an UNSIGNED column, one digit more than declared for a signed one, and
+    never too few for a value the column holds."""
     kind = _MYSQL_KINDS.get(column[1], "unknown")
     if kind == "decimal":
         scale = column[5] or 0
-        sign = 0 if flags & _UNSIGNED_FLAG else 1
-        return ColumnType("decimal", max(1, column[4] - (1 if scale else 0) - sign), scale)
+        return ColumnType("decimal", max(1, column[4] - (1 if scale else 0)), scale)
     return ColumnType(kind)
