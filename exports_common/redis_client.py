@@ -26,7 +26,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any, TypeAlias
 
-from redis.asyncio import Redis, RedisCluster
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterPipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -35,6 +35,9 @@ from redis.exceptions import ClusterError, ConnectionError, RedisClusterExceptio
 from exports_common.errors import ApiError, unavailable
 
 RETRY_AFTER_SEC = 2
+# connections a process keeps to one Redis server (redis-py's default); a command that finds them all busy waits
+# for one, up to its socket timeout, instead of failing at once ("Too many connections")
+POOL_CONNECTIONS = 400
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 # what both processes hold: one server or a cluster, used through the commands they share
@@ -103,7 +106,8 @@ def connect(url: str, *, socket_timeout: float = 0.5, decode_responses: bool = F
     scheme, _, rest = url.partition("://")
     if scheme in CLUSTER_SCHEMES:
         return _Cluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}", **options)
-    return Redis.from_url(url, **options)
+    return Redis.from_pool(BlockingConnectionPool.from_url(url, max_connections=POOL_CONNECTIONS,
+                                                           timeout=socket_timeout, **options))
 
 
 def store_unavailable(exc: RedisError) -> ApiError:
