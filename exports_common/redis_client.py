@@ -7,7 +7,9 @@ error or timeout is retried once after a short backoff on a fresh connection (a
 restarted server's stale connections cost nothing), and a connection idle for 5 s
 is pinged before use. A fresh connection sends no client-name handshake, so a
 stalled server costs a request a few socket timeouts at most: about 2 s with the
-default 0.5 s, well inside any route's timeout.
+default 0.5 s, well inside any route's timeout. A process keeps at most POOL_CONNECTIONS
+connections; a command that finds them all busy (a storm of requests, each with its own
+command out) waits for one up to the socket timeout, where redis-py's own pool would fail it.
 
 A URL `redis+cluster://HOST:PORT` (or `rediss+cluster://`) names any node of a Redis
 Cluster: the client learns the others from it and sends each command to the node
