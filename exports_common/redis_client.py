@@ -7,7 +7,9 @@ error or timeout is retried once after a short backoff on a fresh connection (a
 restarted server's stale connections cost nothing), and a connection idle for 5 s
 is pinged before use. A fresh connection sends no client-name handshake, so a
 stalled server costs a request a few socket timeouts at most: about 2 s with the
-default 0.5 s, well inside any route's timeout.
+default 0.5 s, well inside any route's timeout. A process keeps at most MAX_CONNECTIONS
+connections; a command that finds them all busy (a storm of requests, each with its own
+command out) waits for one up to the socket timeout, where redis-py's own pool would fail it.
 
 A URL `redis+cluster://HOST:PORT` (or `rediss+cluster://`) names any node of a Redis
 Cluster: the client learns the others from it and sends each command to the node
@@ -26,7 +28,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any, TypeAlias
 
-from redis.asyncio import Redis, RedisCluster
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterPipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -35,7 +37,9 @@ from redis.exceptions import ClusterError, ConnectionError, RedisClusterExceptio
 from exports_common.errors import ApiError, unavailable
 
 RETRY_AFTER_SEC = 2
-MAX_CONNECTIONS = 1024  # per process (per node of a cluster)
+# connections a process keeps to one Redis server (per node of a cluster): a gateway process with hundreds of
+# requests under way, each with a command out (a rate-limit check, a cache read), needs as many
+MAX_CONNECTIONS = 1024
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 # what both processes hold: one server or a cluster, used through the commands they share
@@ -97,8 +101,6 @@ class _Pipeline(ClusterPipeline):
 def connect(url: str, *, socket_timeout: float = 0.5, decode_responses: bool = False) -> AnyRedis:
     options: dict[str, Any] = {
         "decode_responses": decode_responses, "socket_timeout": socket_timeout, "socket_connect_timeout": 0.5,
-        # a command waits on one connection: a gateway process with hundreds of requests under way (each with a
-        # rate-limit check) needs as many; redis-py's default, 100, fails the next command when all are in use
         "max_connections": MAX_CONNECTIONS,
         "retry": Retry(ExponentialBackoff(cap=0.25, base=0.05), retries=1),
         "retry_on_error": [ConnectionError, TimeoutError], "health_check_interval": 5,
@@ -107,7 +109,8 @@ def connect(url: str, *, socket_timeout: float = 0.5, decode_responses: bool = F
     scheme, _, rest = url.partition("://")
     if scheme in CLUSTER_SCHEMES:
         return _Cluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}", **options)
-    return Redis.from_url(url, **options)
+    # a command finding every connection busy waits for one up to the socket timeout (redis-py's own pool fails it)
+    return Redis.from_pool(BlockingConnectionPool.from_url(url, timeout=socket_timeout, **options))
 
 
 def store_unavailable(exc: RedisError) -> ApiError:

@@ -14,6 +14,7 @@ from typing import Any, Awaitable, Callable
 
 import pytest
 from pydantic import ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
 from starlette.requests import Request
 
 from exports_common.otel import TracingConfig
@@ -189,6 +190,32 @@ def test_status_cache_a_miss_read_while_the_fill_ran_shares_its_answer(tmp_path:
 
     assert asyncio.run(race()) == ["MISS", "MISS", "200"]
     assert len(calls) == 1, "the follower's miss must share the leader's answer, not call the upstream again"
+
+
+class FailingWrites:
+    """The cache's store with Redis failing on every write."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def set(self, key: str, value: bytes, ttl: float) -> None:
+        raise RedisConnectionError("Redis went away")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_status_cache_answers_a_poll_whose_entry_cannot_be_written(tmp_path: Path) -> None:
+    """The upstream answered: a cache that cannot keep it costs the next poll a call, not this one a 503."""
+    svc = services(tmp_path)
+    upstream = Scripted(200)
+    cache: Any = plugin("status_cache", {}, upstream, svc)
+    cache.store = FailingWrites(cache.store)
+
+    async def twice() -> list[int]:
+        return [(await cache(context(tenant="a"))).status for _ in range(2)]
+
+    assert asyncio.run(twice()) == [200, 200] and len(upstream.calls) == 2
 
 
 def test_plugins_run_as_listed_and_the_upstream_call_last_which_serves_rerun_too(tmp_path: Path) -> None:

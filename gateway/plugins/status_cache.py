@@ -3,21 +3,27 @@
 Only terminal statuses are cached (a finished task does not change), per tenant
 and task, for `ttl_sec`. A non-terminal answer carries `Retry-After`, 1 s doubling
 to 30 s with the task's age, so well-behaved clients poll less as a task runs long.
+Concurrent misses in one process share its call; with the cache in Redis, the
+processes also share one call through a fill lease (gateway/plugins/fill_lease.py).
+An entry that cannot be written (Redis failing) costs the cache, not the answer.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from typing import Any, ClassVar
 
 from pydantic import Field
+from redis.exceptions import RedisError
 
 from exports_common.contract import TERMINAL, Status
 from exports_common.timefmt import parse_rfc3339
 from gateway.context import Handler, RequestContext
 from gateway.kv import KeyValue
 from gateway.plugins.base import PluginBase, RouteInfo, Settings
+from gateway.plugins.fill_lease import FillLease
 from gateway.response import GatewayResponse, freeze, thaw
 from gateway.services import Services
 from gateway.telemetry import Tally
@@ -26,6 +32,8 @@ from gateway.telemetry import Tally
 # empties it (an entry costs its answer's size once more)
 DECODED_ENTRIES = 1024
 
+log = logging.getLogger("gateway.status_cache")
+
 
 class StatusCacheSettings(Settings):
     ttl_sec: float = Field(5.0, gt=0, le=3600)
@@ -33,6 +41,9 @@ class StatusCacheSettings(Settings):
     param: str = "task_id"
     poll_initial_sec: int = Field(1, ge=1)
     poll_max_sec: int = Field(30, ge=1)
+    # with the cache in Redis: how long a process waits for another's fill of the same entry before it calls the
+    # upstream itself (and how long a fill lease lives)
+    fill_wait_sec: float = Field(1.0, gt=0, le=30)
 
 
 def poll_interval(age_sec: float, initial: int, maximum: int) -> int:
@@ -67,6 +78,7 @@ class StatusCache(PluginBase[StatusCacheSettings]):
         self.terminal = frozenset(settings.terminal_statuses)
         self.store = _store(services)
         self.get_now = self.store.get_now
+        self.lease = FillLease(self.store, settings.fill_wait_sec) if services.state.redis is not None else None
         self.param = settings.param
         self.lookups = _lookups(services)
         for result in ("hit", "miss", "coalesced"):
@@ -86,7 +98,7 @@ class StatusCache(PluginBase[StatusCacheSettings]):
                                  "coalesced": lookups.total(result="coalesced")}}
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        key = ctx.tenant_key(self.param)
+        key = "{" + ctx.tenant_key(self.param) + "}"  # a hash tag: the entry and its fill lease share a slot
         if self.get_now is not None:
             raw = self.get_now(key)
         else:
@@ -113,7 +125,6 @@ class StatusCache(PluginBase[StatusCacheSettings]):
                 if not leader.cancelled():
                     raise
                 # the leader's client went away: follow the next leader, or become it
-        self.lookups.add(self.route, "miss")
         return _answer(await self._fetch(ctx, key), "MISS")
 
     def _decode(self, key: str, raw: bytes) -> tuple[bytes, GatewayResponse]:
@@ -127,7 +138,7 @@ class StatusCache(PluginBase[StatusCacheSettings]):
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._in_flight[key] = future
         try:
-            snapshot = await self._snapshot(await self.next(ctx), key)
+            snapshot = await self._fill(ctx, key)
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -145,6 +156,19 @@ class StatusCache(PluginBase[StatusCacheSettings]):
             self._filled[key] = (snapshot, time.monotonic())
         return snapshot
 
+    async def _fill(self, ctx: RequestContext, key: str) -> bytes:
+        """The answer for `key`: another process's fill when it holds the lease and ends within the wait, else
+        this process's upstream call."""
+        if self.lease is not None and (shared := await self.lease.acquire(key)) is not None:
+            self.lookups.add(self.route, "coalesced")
+            return shared
+        self.lookups.add(self.route, "miss")
+        try:
+            return await self._snapshot(await self.next(ctx), key)
+        finally:
+            if self.lease is not None:
+                await self.lease.release(key)
+
     async def _snapshot(self, resp: GatewayResponse, key: str) -> bytes:
         doc = await resp.json() if resp.status == 200 else None
         data = doc.get("data") if isinstance(doc, dict) else None
@@ -156,5 +180,8 @@ class StatusCache(PluginBase[StatusCacheSettings]):
                                                              self.settings.poll_max_sec)))
         snapshot = freeze(resp, await resp.read())
         if status in self.terminal:
-            await self.store.set(key, snapshot, self.settings.ttl_sec)
+            try:
+                await self.store.set(key, snapshot, self.settings.ttl_sec)
+            except RedisError as exc:  # the next poll calls the upstream again; this one has its answer
+                log.warning("status not cached: the shared cache failed", extra={"error": str(exc)})
         return snapshot
