@@ -147,7 +147,7 @@ class Stack:
         for i, backend in enumerate(self.backends):
             config = gateway_config(self.workdir, backend.url, url)
             self.gateways.append(Service("gateway", config, self.workdir, f"gateway-{'AB'[i]}",
-                                         env=LIMITS_ENV).start())
+                                         env=LIMITS_ENV).start(timeout=60))
         return self
 
     def stop(self) -> None:

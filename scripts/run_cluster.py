@@ -250,7 +250,7 @@ def wait_ready(node: Node, hosts: Hosts, proc: subprocess.Popen[bytes] | None, t
 def make_bucket(hosts: Hosts) -> None:
     """The result store's bucket exists beforehand (moto accepts this unsigned create; again is no error)."""
     request = urllib.request.Request(f"http://{address('s3', hosts)}/{BUCKET}", method="PUT")
-    urllib.request.urlopen(request, timeout=5).close()
+    urllib.request.urlopen(request, timeout=30).close()  # moto answers slowly on a loaded machine
 
 
 def default_database_url() -> str:

@@ -20,5 +20,6 @@ def test_scenario_loses_nothing_duplicates_nothing_and_answers_no_500(scenario: 
     assert outcome.completed == outcome.obtained, outcome
     if scenario.startswith("db_"):
         assert outcome.readyz_503, outcome
-        assert outcome.unavailable > 0, f"503s with Retry-After while the database was down: {outcome}"
         assert outcome.rerun_after_kill == 0, f"no worker died, so no task ran again: {outcome}"
+    if scenario == "db_kill":  # a stall shorter than a call's bound may only slow the calls down
+        assert outcome.unavailable > 0, f"503s with Retry-After while the database was down: {outcome}"
