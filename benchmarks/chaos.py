@@ -269,6 +269,7 @@ class Tally:
     unavailable: int = 0
     error_times: list[float] = field(default_factory=list)
     examples: list[str] = field(default_factory=list)
+    last_seen: dict[str, str] = field(default_factory=dict)  # task id → the last status (or answer) a poll got
 
 
 class Client:
@@ -329,8 +330,10 @@ class Client:
                 self._failed(f"poll {type(exc).__name__}")
                 await asyncio.sleep(0.5)
                 continue
+            self.tally.last_seen[task_id] = str(resp.status_code)
             if resp.status_code == 200:
                 status = resp.json()["data"]["status"]
+                self.tally.last_seen[task_id] = status
                 if status == "COMPLETED":
                     self.tally.completed.add(task_id)
                     return
@@ -561,7 +564,11 @@ def run_scenario(name: str, rate: float, seconds: float, fault_at: float) -> Out
         considered = {t for key, answered in tally.ids.items() for t in answered
                       if tally.submitted_at[key] > fault_end}
         notes.append(f"{len(ids - considered)} ids from before the restart are gone with Redis's data; not counted")
-    lost = len(considered - tally.completed)
+    lost_ids = sorted(considered - tally.completed)
+    lost = len(lost_ids)
+    if lost_ids:  # what the client last saw of them: a status, or the HTTP status of the last answer
+        notes.append("lost: " + ", ".join(f"{t} (last seen: {tally.last_seen.get(t, 'never polled')})"
+                                         for t in lost_ids[:3]))
     two_ids = sum(1 for key, answered in tally.ids.items() if len(answered) > 1 and answered & considered)
     ran_twice = sum(1 for task_id, procs in starts.items()
                     if len(procs) > 1 and not any(p in killed for p in procs[:-1]))
