@@ -49,11 +49,12 @@ dist: $(STAMP)
 	$(PY) -m build --outdir dist sdk
 	$(VENV)/bin/twine check --strict dist/*
 
-# Redis, an S3-compatible store, 2 backends, 2 gateways and nginx in front, until Ctrl-C
+# Redis, an S3-compatible store, 2 backends, 2 gateways and nginx in front, until Ctrl-C; STORE=postgresql: the
+# backends keep their tasks in a database of their own on TEST_POSTGRES_URL's server (or CLUSTER_DATABASE_URL)
 cluster: $(STAMP)
 	command -v redis-server >/dev/null && command -v nginx >/dev/null || (apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nginx-light)
-	$(PY) scripts/run_cluster.py up
+	$(PY) scripts/run_cluster.py up $(if $(STORE),--store $(STORE)) $(if $(CLUSTER_DATABASE_URL),--database-url $(CLUSTER_DATABASE_URL))
 
 bench: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)

@@ -8,7 +8,9 @@ fault, and then polls every task id the client obtained until it is terminal. St
   gateways balancing over two backends, Redis, moto as the S3 result store, every node
   supervised; every submission carries a callback to a slow receiver here (1.5 s an answer,
   slower than the backends' polls), so duplicated and lost callbacks are counted too;
-- the pair on a Redis Cluster of 3 primaries with a replica each (`redis_failover`).
+- the pair on a Redis Cluster of 3 primaries with a replica each (`redis_failover`);
+- the pair with the backends' task store on a PostgreSQL of the scenario's own (initdb and a
+  server on a free port in a temporary directory, never the machine's; the gateways stay on Redis).
 The client does what a careful client does: it retries a submission with the same
 Idempotency-Key (after Retry-After, through any entry point) until it gets an id, for up
 to 90 s.
@@ -19,6 +21,12 @@ alone), `s3_outage` (moto frozen 15 s), `redis_failover` (the store's primary ki
 `gateway_freeze` (g1 frozen 20 s behind nginx), `disk_full` (b1's data_dir, a 32 MiB tmpfs,
 filled to 2 MiB free with min_free_bytes 1 MiB, while user exports of about 2.9 MB run
 between report exports; space back 15 s later; needs root for the mount).
+
+Scenarios of the store on PostgreSQL (issue 24): `db_restart` (a clean stop, started again 5 s
+later), `db_kill` (kill -9 of every server process, started again 3 s later: crash recovery),
+`db_stall` (SIGSTOP of every server process for 6 s, less than the lease). In each, while the
+database is down, every backend's /readyz must answer 503 with Retry-After ("readyz 503"
+column); no worker dies, so no task may run twice.
 
 Per scenario it prints: submitted; ids obtained; completed; lost (an id the client
 held that never completed, or went 404); duplicated (one key answered with two
@@ -60,6 +68,7 @@ import httpx
 from exports_common.dev_mode import DEMO_API_KEYS
 from tests.cluster_run import RunningCluster
 from tests.conftest import DEMO_KEY, backend_config, gateway_config, synthetic_type
+from tests.databases import PostgresInstance, server_home
 from tests.procs import RedisClusterServers, RedisServer, Service
 from tests.receiver import Receiver
 
@@ -76,6 +85,10 @@ RECEIVER_DELAY_SEC = 1.5  # slower than the backends' 0.2 s poll for due callbac
 # the disk scenario: b1 left 2 MiB (min_free_bytes 1 MiB) while user exports (about 2.9 MB each) and report
 # exports (about 0.7 MB) alternate: the first user export b1 takes fills its disk
 DISK_BYTES, DISK_MIN_FREE, DISK_LEFT = 32 << 20, 1 << 20, 2 << 20
+DB_STALL_SEC = 6.0  # well under LEASE_SEC: a stall shorter than the lease must run no task twice
+# a request waits this long for a pooled connection on a stalled database before its 503
+DB_POOL_TIMEOUT_SEC = 1.0
+READYZ_WAIT_SEC = 20.0  # for every backend's /readyz to say 503 once the database is down
 
 
 class AnyStack(Protocol):
@@ -83,6 +96,7 @@ class AnyStack(Protocol):
 
     killed: set[tuple[int, int]]  # (backend index, incarnation) of every backend process that was killed
     receiver: Receiver | None
+    readyz_503: bool | None  # the database scenarios: every backend's /readyz said 503 while it was down
 
     def entry_points(self) -> list[str]: ...
 
@@ -94,31 +108,46 @@ class AnyStack(Protocol):
 
 
 class Stack:
-    """Two gateways, two backends, one Redis (or a Redis Cluster with replicas); faults by name."""
+    """Two gateways, two backends, one Redis (or a Redis Cluster with replicas); faults by name.
 
-    def __init__(self, workdir: Path, redis_cluster: bool = False) -> None:
+    With `postgres`, the backends' task store is a PostgreSQL of the stack's own (the gateways stay on Redis).
+    """
+
+    def __init__(self, workdir: Path, redis_cluster: bool = False, postgres: bool = False) -> None:
         self.workdir = workdir
         (workdir / "redis").mkdir()
         self.redis = RedisServer(workdir / "redis", persistent=True)
         self.cluster = RedisClusterServers(workdir / "redis", size=3, replicas=1) if redis_cluster else None
+        self.postgres = postgres
+        self.database: PostgresInstance | None = None
         self.backends: list[Service] = []
         self.gateways: list[Service] = []
         self.killed: set[tuple[int, int]] = set()
         self.incarnation = [0, 0]
         self.receiver: Receiver | None = None
+        self.readyz_503: bool | None = None  # the database scenarios: every /readyz said 503 while it was down
+
+    def _store(self, redis_url: str) -> dict[str, Any]:
+        """The backends' store settings: the stack's Redis, or its own PostgreSQL (started here)."""
+        if not self.postgres:
+            return {"redis_url": redis_url}
+        # its files in a directory of its own (owned by the postgres user, which the server runs as)
+        self.database = PostgresInstance(PostgresInstance.make_template(server_home("chaos-postgres"))).start()
+        return {"redis_url": "", "database_url": self.database.url, "database_pool_timeout_sec": DB_POOL_TIMEOUT_SEC}
 
     def start(self) -> Stack:
         url = self.cluster.start().url if self.cluster is not None else self.redis.start().url
+        store = self._store(url)
         shared = self.workdir / "results"  # both backends serve each other's files
         for i in range(2):
-            config = backend_config(self.workdir, url, data_dir=str(shared), workers=4,
+            config = backend_config(self.workdir, data_dir=str(shared), workers=4,
                                     lease_sec=LEASE_SEC, progress_interval_sec=0.2, export_types=EXPORT_TYPES,
-                                    log_level="info")
-            self.backends.append(Service("backend_stub", config, self.workdir, f"backend-{i + 1}").start())
+                                    log_level="info", **store)
+            self.backends.append(Service("backend_stub", config, self.workdir, f"backend-{i + 1}").start(timeout=60))
         for i, backend in enumerate(self.backends):
             config = gateway_config(self.workdir, backend.url, url)
             self.gateways.append(Service("gateway", config, self.workdir, f"gateway-{'AB'[i]}",
-                                         env=LIMITS_ENV).start())
+                                         env=LIMITS_ENV).start(timeout=60))
         return self
 
     def stop(self) -> None:
@@ -127,6 +156,8 @@ class Stack:
         if self.cluster is not None:
             self.cluster.stop()
         self.redis.stop()
+        if self.database is not None:
+            self.database.remove()
 
     def entry_points(self) -> list[str]:
         return [gateway.url for gateway in self.gateways]
@@ -148,6 +179,24 @@ class Stack:
         self.incarnation[i] += 1
         self.backends[i].start(timeout=60)  # a loaded two-core machine starts Python slowly
 
+    def check_readyz_down(self) -> None:
+        """Whether every backend's /readyz answers 503 with Retry-After (within READYZ_WAIT_SEC), the database
+        being down; noted in `readyz_503` (False if any was seen ready throughout)."""
+        def unready(backend: Service) -> bool:
+            try:
+                resp = httpx.get(f"{backend.url}/readyz", timeout=READYZ_WAIT_SEC)
+            except httpx.HTTPError:
+                return False
+            return resp.status_code == 503 and "retry-after" in resp.headers
+
+        deadline = time.monotonic() + READYZ_WAIT_SEC
+        pending = list(self.backends)
+        while pending and time.monotonic() < deadline:
+            pending = [backend for backend in pending if not unready(backend)]
+            if pending:
+                time.sleep(0.2)
+        self.readyz_503 = not pending
+
 
 class ClusterStack:
     """`make cluster` itself; its backends' data dirs optionally on small tmpfs mounts (the disk scenario)."""
@@ -159,6 +208,7 @@ class ClusterStack:
         self.cluster = RunningCluster(workdir, env=env)
         self.receiver: Receiver | None = Receiver(delay_sec=RECEIVER_DELAY_SEC)
         self.killed: set[tuple[int, int]] = set()
+        self.readyz_503: bool | None = None  # no database scenario runs on it
         self.bodies = 0
 
     def start(self) -> ClusterStack:
@@ -219,6 +269,7 @@ class Tally:
     unavailable: int = 0
     error_times: list[float] = field(default_factory=list)
     examples: list[str] = field(default_factory=list)
+    last_seen: dict[str, str] = field(default_factory=dict)  # task id → the last status (or answer) a poll got
 
 
 class Client:
@@ -279,8 +330,10 @@ class Client:
                 self._failed(f"poll {type(exc).__name__}")
                 await asyncio.sleep(0.5)
                 continue
+            self.tally.last_seen[task_id] = str(resp.status_code)
             if resp.status_code == 200:
                 status = resp.json()["data"]["status"]
+                self.tally.last_seen[task_id] = status
                 if status == "COMPLETED":
                     self.tally.completed.add(task_id)
                     return
@@ -346,6 +399,27 @@ def _scenarios(at: float) -> dict[str, Scenario]:
         await _later(8, lambda: stack.restart_backend(1))
         return end
 
+    async def db_down(stack: Stack, fault: Callable[[], object], seconds: float, back: Callable[[], object]
+                      ) -> float:
+        """`fault` at `at`, every /readyz checked meanwhile, `back` `seconds` after the fault (or once checked)."""
+        await _later(at, fault)
+        down = time.monotonic()
+        await asyncio.to_thread(stack.check_readyz_down)
+        await _later(max(0.0, seconds - (time.monotonic() - down)), back)
+        return time.monotonic()
+
+    async def db_restart(stack: Stack) -> float:
+        assert stack.database is not None
+        return await db_down(stack, stack.database.stop, 5, stack.database.start)
+
+    async def db_kill(stack: Stack) -> float:
+        assert stack.database is not None
+        return await db_down(stack, stack.database.kill9, 3, stack.database.start)
+
+    async def db_stall(stack: Stack) -> float:
+        assert stack.database is not None
+        return await db_down(stack, stack.database.pause, DB_STALL_SEC, stack.database.resume)
+
     async def redis_failover(stack: Stack) -> float:
         assert stack.cluster is not None
         primary = stack.cluster.owner("{exports}")
@@ -379,6 +453,7 @@ def _scenarios(at: float) -> dict[str, Scenario]:
         return time.monotonic()
 
     pair, on_redis_cluster = Stack, functools.partial(Stack, redis_cluster=True)
+    on_postgres = functools.partial(Stack, postgres=True)
     cluster, small_disk = ClusterStack, functools.partial(ClusterStack, small_disk=True)
     return {
         "baseline": Scenario(baseline, pair), "backend_kill": Scenario(backend_kill, pair),
@@ -388,6 +463,8 @@ def _scenarios(at: float) -> dict[str, Scenario]:
         "node_deaths": Scenario(node_deaths, cluster), "slow_callbacks": Scenario(slow_callbacks, cluster),
         "s3_outage": Scenario(s3_outage, cluster), "redis_failover": Scenario(redis_failover, on_redis_cluster),
         "gateway_freeze": Scenario(gateway_freeze, cluster), "disk_full": Scenario(disk_full, small_disk),
+        "db_restart": Scenario(db_restart, on_postgres), "db_kill": Scenario(db_kill, on_postgres),
+        "db_stall": Scenario(db_stall, on_postgres),
     }
 
 
@@ -408,6 +485,7 @@ class Outcome:
     recovery_sec: float
     callbacks_lost: int | None = None
     callbacks_duplicated: int | None = None
+    readyz_503: bool | None = None  # the database scenarios: every backend's /readyz said 503 while it was down
     note: str = ""
 
     def row(self) -> str:
@@ -477,6 +555,7 @@ def run_scenario(name: str, rate: float, seconds: float, fault_at: float) -> Out
         callbacks_lost, callbacks_duplicated, callback_note = _callbacks(stack, tally.completed)
         killed = stack.killed
         released = sum(log.count("the disk filled up under the export") for log in stack.backend_logs())
+        readyz_503 = stack.readyz_503
     ids = {task_id for answered in tally.ids.values() for task_id in answered}
     notes = [callback_note] if callback_note else []
     considered = ids
@@ -485,7 +564,11 @@ def run_scenario(name: str, rate: float, seconds: float, fault_at: float) -> Out
         considered = {t for key, answered in tally.ids.items() for t in answered
                       if tally.submitted_at[key] > fault_end}
         notes.append(f"{len(ids - considered)} ids from before the restart are gone with Redis's data; not counted")
-    lost = len(considered - tally.completed)
+    lost_ids = sorted(considered - tally.completed)
+    lost = len(lost_ids)
+    if lost_ids:  # what the client last saw of them: a status, or the HTTP status of the last answer
+        notes.append("lost: " + ", ".join(f"{t} (last seen: {tally.last_seen.get(t, 'never polled')})"
+                                         for t in lost_ids[:3]))
     two_ids = sum(1 for key, answered in tally.ids.items() if len(answered) > 1 and answered & considered)
     ran_twice = sum(1 for task_id, procs in starts.items()
                     if len(procs) > 1 and not any(p in killed for p in procs[:-1]))
@@ -497,11 +580,13 @@ def run_scenario(name: str, rate: float, seconds: float, fault_at: float) -> Out
         t for t, procs in starts.items() if len(procs) > 1 and not any(p in killed for p in procs[:-1])][:2]
     if suspects and (two_ids or ran_twice):
         notes.append("duplicated: " + ", ".join(suspects))
+    if readyz_503 is not None:
+        notes.append("readyz 503 with Retry-After while down" if readyz_503 else "a /readyz said ready while down")
     errors_after = [t for t in tally.error_times if t > fault_end]
     recovery = max(errors_after) - fault_end if errors_after and name != "baseline" else 0.0
     return Outcome(name, tally.submitted, len(tally.ids), len(considered & tally.completed), lost,
                    two_ids + ran_twice, rerun_after_kill, tally.bad_5xx, tally.unavailable, recovery,
-                   callbacks_lost, callbacks_duplicated, "; ".join(notes))
+                   callbacks_lost, callbacks_duplicated, readyz_503, "; ".join(notes))
 
 
 def _starts_by_process(logs: list[str]) -> dict[str, list[tuple[int, int]]]:

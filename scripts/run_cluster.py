@@ -11,6 +11,7 @@ The topology is described once, in TOPOLOGY below. The same description makes co
 where each container runs `python scripts/run_cluster.py node NAME --hosts compose`.
 
     python scripts/run_cluster.py up            # all nodes here, until Ctrl-C
+    python scripts/run_cluster.py up --store postgresql   # the backends' task store on PostgreSQL
     python scripts/run_cluster.py node g1       # one node (what each container runs)
     python scripts/run_cluster.py check g1      # exit 0 when the node serves (a container's healthcheck)
     python scripts/run_cluster.py compose       # compose.yaml, from the same topology
@@ -32,9 +33,12 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import redis
+import sqlalchemy as sa
 import yaml
 from redis import exceptions as redis_errors
+from sqlalchemy.engine import make_url
 
+from exports_common import sql
 from exports_common.supervise import Child, Supervisor, stop_on_sigterm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +62,11 @@ LOOPBACK = ["127.0.0.0/8", "::1/128"]
 # (a private range docker picks); only these may say through X-Forwarded-For who the client is
 LB_ADDRESSES: dict[Hosts, list[str]] = {"local": ["127.0.0.1/32"],
                                         "compose": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]}
+# `up --store postgresql`: the backends' tasks, queue and change log in a database of the cluster's own, made on
+# the server of TEST_POSTGRES_URL (the machine's PostgreSQL by default) unless --database-url names another
+Store = Literal["redis", "postgresql"]
+DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+CLUSTER_DATABASE = "exports_cluster"
 
 
 @dataclass(frozen=True)
@@ -241,22 +250,54 @@ def wait_ready(node: Node, hosts: Hosts, proc: subprocess.Popen[bytes] | None, t
 def make_bucket(hosts: Hosts) -> None:
     """The result store's bucket exists beforehand (moto accepts this unsigned create; again is no error)."""
     request = urllib.request.Request(f"http://{address('s3', hosts)}/{BUCKET}", method="PUT")
-    urllib.request.urlopen(request, timeout=5).close()
+    urllib.request.urlopen(request, timeout=30).close()  # moto answers slowly on a loaded machine
 
 
-def start_node(node: Node, hosts: Hosts, workdir: Path, log: Any = None) -> subprocess.Popen[bytes]:
+def default_database_url() -> str:
+    """The cluster's own database on TEST_POSTGRES_URL's server."""
+    server = make_url(os.environ.get("TEST_POSTGRES_URL") or DEFAULT_POSTGRES)
+    return server.set(database=CLUSTER_DATABASE).render_as_string(hide_password=False)
+
+
+def create_database(url: str) -> None:
+    """Create the database `url` names, on its server, unless it exists (the backends make its tables)."""
+    target = make_url(url)
+    name = target.database or CLUSTER_DATABASE
+    server = target.set(database="postgres")
+    engine = sql.make_engine(server, sql.EngineSettings(pool_size=1, connect_timeout=5))
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            found = conn.execute(sa.text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}).first()
+            if found is None:
+                conn.execute(sa.text(f"CREATE DATABASE {engine.dialect.identifier_preparer.quote(name)}"))
+    except sa.exc.SQLAlchemyError as exc:
+        raise SystemExit(f"{sql.sql_error(exc, server).message} (make cluster STORE=postgresql makes its database "
+                         "there; CLUSTER_DATABASE_URL=postgresql://... names another)") from None
+    finally:
+        engine.dispose()
+
+
+def store_env(store: Store, database_url: str) -> dict[str, str]:
+    """What the backends need besides their node's settings to hold their tasks in `store`."""
+    return {"BACKEND_DATABASE_URL": database_url, "BACKEND_STORE": "sql"} if store == "postgresql" else {}
+
+
+def start_node(node: Node, hosts: Hosts, workdir: Path, log: Any = None,
+               extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     node_dir = workdir / node.name
     node_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", **resolved_env(node, hosts))
+    if node.kind == "backend":
+        env.update(extra or {})
     return subprocess.Popen(command(node, hosts, node_dir), cwd=ROOT, env=env, stdout=log, stderr=log)
 
 
-def _local_child(node: Node, workdir: Path) -> Child:
+def _local_child(node: Node, workdir: Path, backend_env: dict[str, str]) -> Child:
     """A node of `make cluster`: appends to NAME.log, writes its pid to NAME.pid at every start."""
 
     def start() -> subprocess.Popen[bytes]:
         with open(workdir / f"{node.name}.log", "ab") as log:
-            proc = start_node(node, "local", workdir, log)
+            proc = start_node(node, "local", workdir, log, backend_env)
         (workdir / f"{node.name}.pid").write_text(f"{proc.pid}\n")
         return proc
 
@@ -269,21 +310,24 @@ def _say(line: str) -> None:
     print(f"[cluster {time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
-def up(workdir: Path, on_ready: Any = None) -> int:
+def up(workdir: Path, on_ready: Any = None, store: Store = "redis", database_url: str = "") -> int:
     """Start every node in order, each once the ones before it answer; then keep each running until Ctrl-C
     or SIGTERM, which stop them all."""
     workdir.mkdir(parents=True, exist_ok=True)
+    database_url = database_url or default_database_url()
+    if store == "postgresql":
+        create_database(database_url)
     supervisor = Supervisor(_say)
     stop_on_sigterm()
     try:
         for node in TOPOLOGY:
-            child = _local_child(node, workdir)
+            child = _local_child(node, workdir, store_env(store, database_url))
             proc = child.start()
             supervisor.adopt(child, proc)
             wait_ready(node, "local", proc)
             if child.on_ready is not None:
                 child.on_ready()
-        print(banner(), flush=True)
+        print(banner(store, database_url), flush=True)
         if on_ready is not None:
             on_ready()
         supervisor.run()
@@ -294,8 +338,10 @@ def up(workdir: Path, on_ready: Any = None) -> int:
     return 0
 
 
-def banner() -> str:
+def banner(store: Store = "redis", database_url: str = "") -> str:
     lb = f"http://{address('lb', 'local')}"
+    tasks = (f"PostgreSQL, database {make_url(database_url).render_as_string()}" if store == "postgresql"
+             else f"Redis at {address('redis', 'local')}")
     lines = [f"  {n.name:6} {n.kind:8} {'redis' if n.kind == 'redis' else 'http'}://{address(n.name, 'local')}"
              for n in TOPOLOGY]
     return "\n".join([
@@ -306,6 +352,7 @@ def banner() -> str:
         f"  admin token:    {os.environ.get('GATEWAY_ADMIN_TOKEN', 'admin-change-me')} (on each gateway)",
         f"  result store:   s3://{BUCKET}/results at http://{address('s3', 'local')} (results kept "
         f"{RESULT_TTL_SEC // 3600} h: moto holds every object in memory)",
+        f"  task store:     {tasks} (the gateways' shared state is on Redis)",
         "  callbacks:      receivers on this machine (127.0.0.1) are allowed, as in any local trial",
         "", f"Try: curl -s -X POST {lb}/api/v1/exports -H 'Authorization: Bearer demo-key-change-me' "
         "-H 'Content-Type: application/json' -d '{\"export_type\": \"report_export\"}'",
@@ -375,7 +422,12 @@ def node_main(name: str, hosts: Hosts) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
-    sub.add_parser("up", help="start every node here until Ctrl-C")
+    start = sub.add_parser("up", help="start every node here until Ctrl-C")
+    start.add_argument("--store", choices=["redis", "postgresql"], default="redis",
+                       help="where the backends keep tasks, the queue and the change log")
+    start.add_argument("--database-url", default="", help=(
+        f"--store postgresql: the database (made if missing); default: {CLUSTER_DATABASE} on TEST_POSTGRES_URL's "
+        "server"))
     one = sub.add_parser("node", help="run one node in the foreground")
     one.add_argument("name", choices=list(NODES))
     one.add_argument("--hosts", choices=["local", "compose"], default="local")
@@ -392,7 +444,7 @@ def main() -> int:
         return node_main(args.name, args.hosts)
     if args.what == "check":
         return check(args.name, args.hosts)
-    return up(DATA_DIR)
+    return up(DATA_DIR, store=args.store, database_url=args.database_url)
 
 
 if __name__ == "__main__":

@@ -51,8 +51,10 @@ def free_offset() -> int:
 class RunningCluster:
     """`scripts/run_cluster.py up` on shifted ports, its data, logs and pid files under `data_dir`."""
 
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
+        """`args`: more of `up`'s options (--store postgresql --database-url URL)."""
         self.data_dir = data_dir
+        self.args = args
         self.offset = free_offset()
         self.env = dict(os.environ, CLUSTER_PORT_OFFSET=str(self.offset), CLUSTER_DATA_DIR=str(data_dir),
                         **(env or {}))
@@ -61,8 +63,8 @@ class RunningCluster:
 
     def start(self, timeout: float = 120.0) -> RunningCluster:
         with open(self.output_path, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "scripts/run_cluster.py", "up"], cwd=ROOT, env=self.env,
-                                         stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen([sys.executable, "scripts/run_cluster.py", "up", *self.args], cwd=ROOT,
+                                         env=self.env, stdout=out, stderr=subprocess.STDOUT)
         wait_until(self._up, timeout, interval=0.3, what=f"the cluster to start; its output: {self.output_path}")
         return self
 
