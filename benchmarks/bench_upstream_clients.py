@@ -5,7 +5,7 @@ One workload for all five: a pooled keep-alive GET of a list body (the backend's
 and a read timeout set as the gateway sets them; N calls one after another, and N calls 32 in
 flight. Each client runs in a process of its own on uvloop (as the gateway), warmed up first.
 
-- CPU µs per call: user + sys of the client's process (all its threads: pyreqwest's Tokio
+- CPU µs per call: user + sys of the client's process (sys also apart) (all its threads: pyreqwest's Tokio
   runtime counts) over the measured calls, divided by the calls; rounds alternate the clients
   (the order turns each round) and the median of the rounds is reported, with p99 per call.
 - `--callgrind`: instructions per call, load-independent: each client's process under
@@ -175,10 +175,11 @@ async def drive(client: str, url: str, calls: int, concurrency: int) -> dict[str
         before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         await asyncio.gather(*(lane(calls // concurrency) for _ in range(concurrency)))
         after, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - start
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    system = after.ru_stime - before.ru_stime
+    cpu = after.ru_utime - before.ru_utime + system
     cuts = statistics.quantiles(took, n=100)
-    return {"cpu_us": cpu / len(took) * 1e6, "p50_ms": cuts[49] * 1e3, "p99_ms": cuts[98] * 1e3,
-            "calls_per_sec": len(took) / wall}
+    return {"cpu_us": cpu / len(took) * 1e6, "sys_us": system / len(took) * 1e6, "p50_ms": cuts[49] * 1e3,
+            "p99_ms": cuts[98] * 1e3, "calls_per_sec": len(took) / wall}
 
 
 def child(client: str, url: str, calls: int, concurrency: int) -> dict[str, float]:
@@ -222,11 +223,11 @@ def report(title: str, runs: dict[str, list[dict[str, float]]], counted: dict[st
     medians = {name: {key: statistics.median(run[key] for run in got) for key in got[0]} for name, got in runs.items()}
     ours_us = medians["ours"]["cpu_us"]
     print(f"{title} (medians of {len(runs['ours'])} rounds)")
-    print(f"  {'client':<10}{'CPU µs/call':>12}{'/ ours':>8}{'p50 ms':>9}{'p99 ms':>9}{'calls/s':>9}"
-          f"{'instr/call':>12}")
+    print(f"  {'client':<10}{'CPU µs/call':>12}{'/ ours':>8}{'of it sys':>10}{'p50 ms':>9}{'p99 ms':>9}"
+          f"{'calls/s':>9}{'instr/call':>12}")
     for name, m in medians.items():
         instr = f"{counted[name]:>12,.0f}" if name in counted else ""
-        print(f"  {name:<10}{m['cpu_us']:>12.1f}{m['cpu_us'] / ours_us:>7.2f}x{m['p50_ms']:>9.2f}"
+        print(f"  {name:<10}{m['cpu_us']:>12.1f}{m['cpu_us'] / ours_us:>7.2f}x{m['sys_us']:>10.1f}{m['p50_ms']:>9.2f}"
               f"{m['p99_ms']:>9.2f}{m['calls_per_sec']:>9,.0f}{instr}")
     best = min((name for name in medians if name != "ours"), key=lambda name: medians[name]["cpu_us"])
     margin = medians[best]["cpu_us"] / ours_us - 1
