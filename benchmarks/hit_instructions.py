@@ -94,14 +94,16 @@ def _instructions(code: Path, config_path: str, task_id: str, key: str, hits: in
     # here, not at the top: under callgrind this file runs another tree, which may lack them
     from benchmarks import callgrind
     from tests.conftest import RAISED_LIMITS
+    from tests.procs import SERVICE_TOKEN_ENV
 
     python = code / ".venv" / "bin" / "python" if code != ROOT else Path(sys.executable)
     return callgrind.instructions(
         [str(python), str(Path(__file__)), "--drive", config_path, task_id, key, str(hits), mode],
         # callgrind runs the process ~50x slower: a 5 s batch would hold a tenth of the spans a real second's
         # traffic puts in one; 60 s keeps batches near their production size. The tenant limits raised as in
-        # every benchmark (the limiter still runs): else how many hits pass depends on how slowly callgrind runs
-        RAISED_LIMITS | {"PYTHONPATH": str(code), "OTEL_BSP_SCHEDULE_DELAY": "60000"})
+        # every benchmark (the limiter still runs): else how many hits pass depends on how slowly callgrind runs.
+        # The backend answers only with its service token, which the gateway sends as the processes started here do
+        RAISED_LIMITS | SERVICE_TOKEN_ENV | {"PYTHONPATH": str(code), "OTEL_BSP_SCHEDULE_DELAY": "60000"})
 
 
 def main() -> None:

@@ -79,7 +79,9 @@ async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
     except ApiError as exc:  # a dot segment
         return GatewayResponse.error(exc)
     headers = request.headers
-    supplied = headers.get("x-request-id")
+    # `in` before the lookup: Starlette's Headers.get raises and catches a KeyError for a header the request
+    # does not carry, as most requests do not carry this one
+    supplied = headers["x-request-id"] if "x-request-id" in headers else None  # noqa: SIM401 - see above
     ctx = RequestContext(
         request=request, method=method, route_name=route.name, upstream=route.upstream,
         upstream_path=upstream_path, params=match.params,

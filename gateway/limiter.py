@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from redis.exceptions import MaxConnectionsError, RedisError
 
@@ -79,7 +79,8 @@ class Quota:
         return Quota(self.per_sec / processes, max(1, self.burst // processes))
 
 
-class Decision(NamedTuple):
+@dataclass(slots=True)  # one per admitted request: a plain class builds cheaper than a NamedTuple or a frozen one
+class Decision:
     """What a limit says of one request."""
 
     allowed: bool
