@@ -35,7 +35,7 @@ import yaml
 from benchmarks import wrk
 from benchmarks.harness import AUTH, cpu_seconds, processes, submit_and_wait
 from tests.conftest import RAISED_LIMITS, backend_config, gateway_config
-from tests.procs import ROOT, RedisServer, free_port, wait_until
+from tests.procs import ROOT, SERVICE_TOKEN_ENV, RedisServer, free_port, wait_until
 
 ONE = "gateway (bounded httptools), 1 worker"
 TWO = "gateway run --workers 2"
@@ -59,7 +59,7 @@ def stock_uvicorn(config: dict[str, object], workdir: Path, name: str, http: str
          "--port", str(port), "--loop", "uvloop", "--http", http, "--workers", str(workers), "--no-access-log",
          "--log-level", "warning", "--limit-concurrency", str(limits["max_connections"]),
          "--timeout-keep-alive", str(limits["keep_alive_sec"]), "--h11-max-incomplete-event-size", "16384"],
-        cwd=ROOT, env=dict(os.environ, **RAISED_LIMITS, GATEWAY_CONFIG=str(path)), stdout=log,
+        cwd=ROOT, env=dict(os.environ, **RAISED_LIMITS, **SERVICE_TOKEN_ENV, GATEWAY_CONFIG=str(path)), stdout=log,
         stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -23,7 +23,7 @@ import yaml
 from benchmarks.bench_gateway import best_of
 from benchmarks.harness import AUTH, processes, submit_and_wait
 from tests.conftest import RAISED_LIMITS, backend_config, gateway_config
-from tests.procs import ROOT, RedisServer, wait_until
+from tests.procs import ROOT, SERVICE_TOKEN_ENV, RedisServer, wait_until
 
 
 @contextlib.contextmanager
@@ -36,7 +36,7 @@ def granian(config: dict[str, object], workdir: Path, name: str, workers: int) -
     proc = subprocess.Popen(
         [str(granian_bin), "--interface", "asgi", "--loop", "uvloop", "--host", "127.0.0.1", "--port", str(port),
          "--workers", str(workers), "--no-access-log", "--log-level", "warning", "benchmarks.granian_gateway:app"],
-        cwd=ROOT, env=dict(os.environ, **RAISED_LIMITS, GATEWAY_CONFIG=str(path)), stdout=log,
+        cwd=ROOT, env=dict(os.environ, **RAISED_LIMITS, **SERVICE_TOKEN_ENV, GATEWAY_CONFIG=str(path)), stdout=log,
         stderr=subprocess.STDOUT)
     log.close()
     url = f"http://127.0.0.1:{port}"
