@@ -1,5 +1,6 @@
 import asyncio
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from starlette.types import ASGIApp
 
@@ -16,7 +17,9 @@ def make_app(config: BackendConfig, path: str) -> ASGIApp:
         from backend_stub.store.sql_store import check_server
 
         try:
-            asyncio.run(check_server(config.database_url, sql_settings(config)))
+            # uvicorn loads the app inside its running event loop: the check runs on a loop of its own
+            with ThreadPoolExecutor(1, thread_name_prefix="store-check") as apart:
+                apart.submit(asyncio.run, check_server(config.database_url, sql_settings(config))).result()
         except SqlError as error:
             print(f"backend_stub: cannot use the task store: {error.message}", file=sys.stderr)
             raise SystemExit(2) from None
