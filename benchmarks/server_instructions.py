@@ -30,7 +30,7 @@ import yaml
 from benchmarks import callgrind
 from benchmarks.harness import AUTH, processes, submit_and_wait
 from tests.conftest import RAISED_LIMITS, backend_config, gateway_config
-from tests.procs import ROOT, free_port, wait_until
+from tests.procs import ROOT, SERVICE_TOKEN_ENV, free_port, wait_until
 
 
 async def _client(port: int, request: bytes, n: int, connections: int) -> None:
@@ -80,7 +80,8 @@ def per_request(module: str, config: dict[str, Any], path: str, headers: dict[st
     proc = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
          str(root / ".venv" / "bin" / "python"), "-m", module, "run", "--config", str(config_file)],
-        cwd=root, env=os.environ | RAISED_LIMITS, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=root, env=os.environ | RAISED_LIMITS | SERVICE_TOKEN_ENV, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
     request = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{config['port']}\r\n"
                + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
     try:
