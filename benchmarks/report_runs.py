@@ -31,7 +31,7 @@ from exports_common.config_loader import ConfigError, interpolate, validate_data
 from gateway.config import GatewayConfig
 from tests.conftest import DEMO_KEY, backend_config, gateway_config, synthetic_type
 from tests.helpers import backend_requests
-from tests.procs import RedisServer, Service, wait_until
+from tests.procs import RedisServer, Service, backend_headers, wait_until
 
 API = "/api/v1/exports"
 # never finishes by itself: its tasks hold a worker (RUNNING) or wait PENDING, costing the backend nothing
@@ -604,7 +604,8 @@ def degradation(s: Settings) -> str:
 
         def delivered() -> bool:
             for task_id in result["ids"]:
-                if task_id not in found and httpx.get(f"{backend.url}/exports/{task_id}").status_code == 200:
+                if task_id not in found and httpx.get(f"{backend.url}/exports/{task_id}",
+                                                      headers=backend_headers("demo")).status_code == 200:
                     found.add(task_id)
             return len(found) == len(result["ids"])
 
