@@ -85,7 +85,7 @@ def test_an_unknown_type_or_format_is_refused_at_the_edge_by_the_registry_and_by
         client.submit("orders_small", format="parquet_v9")
     assert refused.value.status == 422 and refused.value.data["field"] == "format"
     cli = subprocess.run([EXPORTCTL, "submit", "orders_small", "--format", "xml", "--url", gateway.url,
-                          "--api-key", DEMO_KEY], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+                          f"--api-key={DEMO_KEY}"], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
     assert cli.returncode == 2 and "offers csv, jsonl" in cli.stderr, cli.stderr
 
 
