@@ -28,6 +28,15 @@ def test_the_readme_stays_an_index() -> None:
     assert "make run" in readme and "make test" in readme
 
 
+def test_the_readmes_links_resolve() -> None:
+    """The READMEs are outside the site's strict build: each relative link must name a file that exists."""
+    broken = [f"{readme.relative_to(ROOT)} -> {target}"
+              for readme in (ROOT / "README.md", ROOT / "sdk" / "README.md", *ROOT.glob("examples/*/README.md"))
+              for target in re.findall(r"\]\(([^)#\s]+)", readme.read_text())
+              if "://" not in target and not (readme.parent / target).exists()]
+    assert not broken, broken
+
+
 def test_the_generated_reference_pages_are_up_to_date() -> None:
     """docs/reference/ as the code says: config keys, error codes, metric names (`make reference` writes them)."""
     checked = subprocess.run([sys.executable, "-m", "scripts.gen_reference", "--check"], cwd=ROOT,
