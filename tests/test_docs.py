@@ -77,3 +77,24 @@ def test_every_metric_a_page_names_is_one_a_process_serves() -> None:
                for name in re.findall(r"\b(?:gateway|backend)_[a-z0-9_]+", span)
                if name not in series | keys | packages}
     assert not unknown, sorted(unknown)
+
+
+def _config_paths() -> set[str]:
+    """Every key path of gateway.yaml and backend.yaml as the generated reference lists it, any map key as `<>`."""
+    reference = ROOT / "docs" / "reference"
+    return {re.sub(r"<[^>]+>", "<>", re.sub(r"\{[A-Za-z]+\}", "", path))
+            for page in ("gateway-config.md", "backend-config.md")
+            for path in re.findall(r"^\| `([^`]+)` \|", (reference / page).read_text(), re.M)}
+
+
+def test_every_config_key_path_a_page_names_exists() -> None:
+    """A dotted key a page names (`callbacks.retry_delays_sec`, `upstreams.<name>.change_feed`) under a top-level
+    key of either file is one the config models have: a renamed or removed key fails here until the pages follow."""
+    paths = _config_paths()
+    tops = {path.split(".")[0] for path in paths}
+    unknown = {f"{span} ({page.relative_to(ROOT)})"
+               for page in (ROOT / "docs").rglob("*.md") if page.parent.name != "reference"
+               for span in re.findall(r"`([^`\n]+)`", page.read_text())
+               if (named := re.fullmatch(r"([a-z_]+(?:\.(?:[a-z_]+|<[^>]+>))+)(?:: [^(]*)?", span)) is not None
+               and (key := re.sub(r"<[^>]+>", "<>", named.group(1))).split(".")[0] in tops and key not in paths}
+    assert not unknown, sorted(unknown)
