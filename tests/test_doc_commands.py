@@ -44,8 +44,10 @@ def fragments(text: str) -> Iterator[str]:
 
 def argv_of(fragment: str) -> tuple[str, list[str]] | None:
     """The program and its arguments, placeholders filled and `[optional]` brackets dropped; None for a mention
-    of the program alone or of one option (`exportctl --format`), which `option_exists` checks instead."""
+    of the program alone or of one option (`exportctl --format`, checked against the options there are)."""
     program = next(name for prefix, name in PROGRAMS.items() if fragment.startswith(prefix))
+    if fragment.endswith(" ...") and fragment.count(" ") == (1 if program == "exportctl" else 3):
+        return None  # `python -m gateway ...`: the program named, no command
     words = [PLACEHOLDERS.get(word, word) for word in shlex.split(re.sub(r"\[(--[^]]*)\]", r"\1", fragment))]
     args = words[3:] if program != "exportctl" else words[1:]
     if not args or (args[0].startswith("--") and args[0] not in ("--help", "--version") and len(args) == 1):
