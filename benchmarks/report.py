@@ -115,8 +115,8 @@ def page(command: str, commit: str, dirty: bool, started: datetime, load_start: 
               for what, value, day, where in CARRIED_OVER]
     lines += ["", "Run it yourself: `python -m benchmarks.report` (under 20 minutes; `--only NAME` runs one section "
               f"of {', '.join(SECTIONS)}; `--quick` is a smoke test with short durations). It needs wrk, "
-              "redis-server and the project's environment (`make install`). How the hot path was measured and made "
-              "fast, with its instruction counts: [The hot path](design/hot-path.md).", ""]
+              "redis-server and the project's environment (`make install`). What the hot path does per request and "
+              "how it is measured: [The hot path](design/hot-path.md).", ""]
     return "\n".join(lines)
 
 

@@ -142,7 +142,9 @@ def main() -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        stop_all(started, signal.SIGINT)
+        # SIGTERM, not SIGINT: a Ctrl-C at the terminal has already sent each child a SIGINT, and uvicorn takes
+        # a second SIGINT as "exit now", cancelling open streams mid-answer (tracebacks instead of a clean stop)
+        stop_all(started, signal.SIGTERM)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,15 @@ def test_the_readme_stays_an_index() -> None:
     assert "make run" in readme and "make test" in readme
 
 
+def test_the_readmes_links_resolve() -> None:
+    """The READMEs are outside the site's strict build: each relative link must name a file that exists."""
+    broken = [f"{readme.relative_to(ROOT)} -> {target}"
+              for readme in (ROOT / "README.md", ROOT / "sdk" / "README.md", *ROOT.glob("examples/*/README.md"))
+              for target in re.findall(r"\]\(([^)#\s]+)", readme.read_text())
+              if "://" not in target and not (readme.parent / target).exists()]
+    assert not broken, broken
+
+
 def test_the_generated_reference_pages_are_up_to_date() -> None:
     """docs/reference/ as the code says: config keys, error codes, metric names (`make reference` writes them)."""
     checked = subprocess.run([sys.executable, "-m", "scripts.gen_reference", "--check"], cwd=ROOT,
@@ -67,4 +76,25 @@ def test_every_metric_a_page_names_is_one_a_process_serves() -> None:
                for span in re.findall(r"`([^`]+)`", page.read_text())
                for name in re.findall(r"\b(?:gateway|backend)_[a-z0-9_]+", span)
                if name not in series | keys | packages}
+    assert not unknown, sorted(unknown)
+
+
+def _config_paths() -> set[str]:
+    """Every key path of gateway.yaml and backend.yaml as the generated reference lists it, any map key as `<>`."""
+    reference = ROOT / "docs" / "reference"
+    return {re.sub(r"<[^>]+>", "<>", re.sub(r"\{[A-Za-z]+\}", "", path))
+            for page in ("gateway-config.md", "backend-config.md")
+            for path in re.findall(r"^\| `([^`]+)` \|", (reference / page).read_text(), re.M)}
+
+
+def test_every_config_key_path_a_page_names_exists() -> None:
+    """A dotted key a page names (`callbacks.retry_delays_sec`, `upstreams.<name>.change_feed`) under a top-level
+    key of either file is one the config models have: a renamed or removed key fails here until the pages follow."""
+    paths = _config_paths()
+    tops = {path.split(".")[0] for path in paths}
+    unknown = {f"{span} ({page.relative_to(ROOT)})"
+               for page in (ROOT / "docs").rglob("*.md") if page.parent.name != "reference"
+               for span in re.findall(r"`([^`\n]+)`", page.read_text())
+               if (named := re.fullmatch(r"([a-z_]+(?:\.(?:[a-z_]+|<[^>]+>))+)(?:: [^(]*)?", span)) is not None
+               and (key := re.sub(r"<[^>]+>", "<>", named.group(1))).split(".")[0] in tops and key not in paths}
     assert not unknown, sorted(unknown)

@@ -88,3 +88,24 @@ def test_up_only_when_up_and_a_stopped_process_fails_the_stack(tmp_path: Path) -
             stack.wait()
     assert stack.returncode == 1
     assert f"gateway at http://127.0.0.1:{gateway_port} stopped (killed by SIGKILL)" in err
+
+
+def test_ctrl_c_stops_every_process_cleanly(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the launcher and its children together: each stops gracefully, once (the
+    gateway's change-feed stream to the backend open), without a traceback, and `make run` exits 0."""
+    stack = _stack(tmp_path, GATEWAY_PORT=free_port(), BACKEND_PORT=free_port())
+    assert stack.stdout is not None
+    try:
+        line = "-"
+        while line and "Ctrl-C stops them all" not in line:
+            line = stack.stdout.readline()
+        assert line, f"the stack exited without its banner: {stack.stderr.read() if stack.stderr else ''}"
+        os.killpg(stack.pid, signal.SIGINT)
+        out, err = stack.communicate(timeout=60)
+    finally:
+        if stack.poll() is None:
+            os.killpg(stack.pid, signal.SIGKILL)
+            stack.wait()
+    assert stack.returncode == 0, err[-2000:]
+    assert "Traceback" not in out + err and "Exception in ASGI application" not in out + err, err[-3000:]
+    assert err.count("Finished server process") + out.count("Finished server process") >= 2
