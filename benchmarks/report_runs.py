@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from benchmarks import wrk
+from benchmarks.fill_windows import CallSampler, Windows, windowed
 from benchmarks.harness import AUTH, Processes, processes, submit_and_wait
 from exports_client import ExportsClient
 from exports_common.config_loader import ConfigError, interpolate, validate_data
@@ -536,18 +537,18 @@ def coalescing(s: Settings) -> str:
                 ids = finished if tasks == "finished" else running
                 gws = gateways(kind)
                 time.sleep(TTL_SEC + 0.5)  # nothing cached from the run before
-                before = backend_requests(backend.url)
-                served = storm_requests(gws, ids, seconds)
-                calls = backend_requests(backend.url) - before
                 if tasks == "finished":
-                    per = calls / len(ids) / (seconds / TTL_SEC)
-                    figure = f"**{per:.2f}** per task per {TTL_SEC} s TTL" + (
-                        f" ({per / len(gws):.2f} per process)" if kind == "2 embedded" else "")
+                    served, counted = counted_storm(backend, gws, ids, seconds)
+                    calls = counted.calls
+                    print(f"  {counted.windows} TTL windows, {counted.strays} calls in second halves", flush=True)
+                    rows.append(finished_row(label, goal, len(ids), len(gws) if kind == "2 embedded" else 1, served,
+                                             counted))
                 else:
-                    per = calls / len(ids) / seconds
-                    figure = f"**{per:.2f}** per task per second"
-                rows.append(f"| {tasks} ({len(ids)} tasks) | {label} | {served:,} | {calls:,} | {figure} | {goal} "
-                            "| measured |")
+                    before = backend_requests(backend.url)
+                    served = storm_requests(gws, ids, seconds)
+                    calls = backend_requests(backend.url) - before
+                    rows.append(f"| {tasks} ({len(ids)} tasks) | {label} | {served:,} | {calls:,} | "
+                                f"**{calls / len(ids) / seconds:.2f}** per task per second | {goal} | measured |")
                 print(f"  {tasks} {label}: {served} polls, {calls} upstream calls", flush=True)
         finally:
             redis.stop()
@@ -555,8 +556,39 @@ def coalescing(s: Settings) -> str:
         f"1,000 polling connections (wrk, split evenly over the processes) for {seconds:.0f} s, each poll of a "
         "random task of the set; upstream calls counted by the backend. A finished task's answer is cached for "
         f"the TTL ({TTL_SEC} s); a RUNNING task's is not cached, and concurrent polls of it share one upstream call.",
+        "", "Finished tasks are counted per TTL window, aligned to the first fill: the benchmark reads the "
+        "backend's call count every 10 ms during the storm; its first rise (t0) is the first fill, and window j "
+        "is [t0 + j·TTL, t0 + (j + 1)·TTL). An entry lives a whole TTL from its fill, so a task's next fill in a "
+        "process comes at the earliest one TTL after its last, and under a storm right then, at a window's start. "
+        "Calls are counted from t0 to the middle of the last window the polling covered, t0 + (k - ½)·TTL (k = 3 "
+        "in a 15 s storm): every fill of windows 0 to k - 1 lies before that point and none of window k can. A "
+        "cache that makes one call per task per window therefore reads exactly **1.00** per process, whatever "
+        "the storm's edges. This holds while every process's first fills land within half a TTL of t0; calls "
+        "in a window's second half, which a cache filling on time never makes, are named in the row when there "
+        "are any.",
         "", "| tasks | gateways | polls answered | upstream calls | upstream calls | goal | source |",
         "|---|---|---|---|---|---|---|", *rows, ""])
+
+
+def counted_storm(backend: Service, gateways: list[Service], ids: list[str], seconds: float) -> tuple[int, Windows]:
+    """The storm on finished tasks: polls answered, and the upstream calls counted over whole TTL windows."""
+    sampler = CallSampler(backend.url, seconds + 60)
+    before = sampler.start()
+    launched = time.monotonic()  # wrk polls for `seconds` at least from its launch, after this
+    served = storm_requests(gateways, ids, seconds)
+    return served, windowed(sampler.stop(), before, launched + seconds, TTL_SEC)
+
+
+def finished_row(label: str, goal: str, tasks: int, caches: int, served: int, counted: Windows) -> str:
+    """`caches`: the processes that each fill on their own (2 with a cache in memory each, else 1)."""
+    head = f"| finished ({tasks} tasks) | {label} | {served:,} |"
+    if not counted.windows:
+        return f"{head} {counted.calls:,} | **not measured**: no whole TTL window after the first fill | {goal} | - |"
+    per = counted.per_window(tasks)
+    figure = (f"**{per / caches:.2f}** per task per {TTL_SEC} s TTL per process ({per:.2f} in total)" if caches > 1
+              else f"**{per:.2f}** per task per {TTL_SEC} s TTL")
+    strays = f"; {counted.strays:,} in a window's second half" if counted.strays else ""
+    return f"{head} {counted.calls:,} in {counted.windows} TTL windows{strays} | {figure} | {goal} | measured |"
 
 
 # -- 4: degradation -----------------------------------------------------------------------------------
