@@ -1,19 +1,20 @@
-"""Upstream calls under a polling storm, counted over whole status-cache TTL windows aligned to the first fill.
+"""Upstream calls under a polling storm, counted per status-cache TTL window aligned to the first fill.
 
 The backend counts every API call it receives (`requests` on its /healthz); `CallSampler` reads that
-count every 10 ms while the storm runs. Its first rise is the storm's first fill, at t0; window j is
-[t0 + j·TTL, t0 + (j + 1)·TTL). A cached entry lives a whole TTL from its fill, so a task's next fill
-in a process comes no earlier than one TTL after its last, and under a storm (each task polled every
-millisecond or so) right then: a cache that coalesces makes one call per task per window, at the
-window's start. `windowed` counts from t0 to the middle of the last window the polling covered,
-t0 + (k - ½)·TTL: every fill of windows 0 .. k-1 lies before that point and none of window k can,
-so such a cache reads exactly 1.00 per task per window per process, whatever the storm's edges (a
-fill landing on the storm's last instant is neither counted against a window barely polled nor
-half-missed). The count holds while the first fills of all processes land within half a TTL of t0;
-`strays` counts the calls in windows' second halves, which a cache filling on time never makes.
+count every 10 ms while the storm runs, noting when each read was sent and answered. The count's first
+rise is the storm's first fill, at t0; window j is [t0 + j·TTL, t0 + (j + 1)·TTL). A cached entry
+lives a whole TTL from its fill and no process fills before t0, so a task's j-th refill in a process
+comes at or after t0 + j·TTL: it can never fall in an earlier window. Under a storm (each task polled
+every few milliseconds) it comes right then, late only by the first fills' spread and each fill's
+latency, a few milliseconds on a quiet machine: while that lateness adds up to less than a TTL, window
+j holds exactly one call per task per process from a cache that coalesces, and the count reads 1.00
+per process whatever the storm's edges. `windowed` counts the windows whose middle the polling
+reached (3 in a 15 s storm whose first fill comes in its first 2.5 s) and gives each window's calls,
+so a lateness that pushed fills out of their window shows as an uneven split.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -21,44 +22,50 @@ from dataclasses import dataclass
 
 import httpx
 
+from tests.procs import wait_until
+
 INTERVAL_SEC = 0.01
-# a call this close (as a share of the TTL) before a window's start is its fill, read a little early
-EARLY_SHARE = 0.1
 
 
 @dataclass(frozen=True)
 class Sample:
-    at: float  # time.monotonic() when the read was sent
-    calls: int  # the backend's count of calls then
+    sent: float  # time.monotonic() when the read was sent: every call counted in `calls` had begun by `answered`
+    answered: float  # and when its answer came: no call that began after it is counted
+    calls: int  # the backend's count of calls
 
 
 @dataclass(frozen=True)
 class Windows:
-    calls: int  # from t0 to t0 + (windows - ½)·TTL; with no window, all the storm's
-    windows: int  # whole TTL windows counted: 0 when the storm held none after its first fill
-    strays: int  # of `calls`, those in the second half of a window
+    per_window: tuple[int, ...]  # the calls in each whole TTL window counted, from t0; () when none
 
-    def per_window(self, tasks: int) -> float:
+    @property
+    def calls(self) -> int:
+        return sum(self.per_window)
+
+    @property
+    def windows(self) -> int:
+        return len(self.per_window)
+
+    def per_task(self, tasks: int) -> float:
         return self.calls / tasks / self.windows
 
 
-def calls_at(samples: Sequence[Sample], at: float) -> int:
-    """The count read last at or before `at` (samples in the order taken)."""
-    return max((s.calls for s in samples if s.at <= at), default=samples[0].calls)
+def calls_before(samples: Sequence[Sample], at: float) -> int:
+    """The calls begun before `at`, as the last read answered by then counts them (`at` in a lull between fills)."""
+    return max((s.calls for s in samples if s.answered <= at), default=samples[0].calls)
 
 
 def windowed(samples: Sequence[Sample], before: int, polled_until: float, ttl: float) -> Windows:
     """`before`: the count before the storm; `polled_until`: a time the storm surely polled up to."""
-    first = next((s.at for s in samples if s.calls > before), None)
-    if first is None:  # no call at all: every poll answered from a cache filled before, or refused
-        return Windows(0, 0, 0)
-    windows = int((polled_until - first) / ttl + 0.5)  # the last with t0 + (k - ½)·TTL within the polling
-    if windows < 1:  # the first fill came in the storm's last half TTL
-        return Windows(calls_at(samples, polled_until) - before, 0, 0)
-    calls = calls_at(samples, first + (windows - 0.5) * ttl) - before
-    strays = sum(calls_at(samples, first + (j + 1 - EARLY_SHARE) * ttl) - calls_at(samples, first + (j + 0.5) * ttl)
-                 for j in range(windows - 1))
-    return Windows(calls, windows, strays)
+    rise = next((i for i, s in enumerate(samples) if s.calls > before), None)
+    if rise is None or rise == 0:  # no call at all (every poll answered from a cache filled before, or refused)
+        return Windows(())
+    first = samples[rise - 1].sent  # the first call began after the backend answered this read
+    windows = int((polled_until - first) / ttl + 0.5)  # those whose middle, t0 + (j + ½)·TTL, the polling reached
+    if samples[-1].answered < first + windows * ttl:
+        raise ValueError("the count was not read up to the end of the last window")
+    edges = [calls_before(samples, first + j * ttl) if j else before for j in range(windows + 1)]
+    return Windows(tuple(b - a for a, b in itertools.pairwise(edges)))
 
 
 class CallSampler:
@@ -73,8 +80,9 @@ class CallSampler:
         self._client = httpx.Client(timeout=5.0)
 
     def _read(self) -> None:
-        at = time.monotonic()
-        self.samples.append(Sample(at, int(self._client.get(self.url).json()["data"]["requests"])))
+        sent = time.monotonic()
+        calls = int(self._client.get(self.url).json()["data"]["requests"])
+        self.samples.append(Sample(sent, time.monotonic(), calls))
 
     def _run(self) -> None:
         deadline = time.monotonic() + self.longest_sec
@@ -87,7 +95,10 @@ class CallSampler:
         self._thread.start()
         return self.samples[0].calls
 
-    def stop(self) -> list[Sample]:
+    def stop(self, after: float) -> list[Sample]:
+        """Once a read answered after `after` (time.monotonic())."""
+        wait_until(lambda: self.samples[-1].answered > after, max(0.0, after - time.monotonic()) + 10,
+                   what="the backend's call count read to the end of the last window")
         self._stop.set()
         self._thread.join()
         self._client.close()

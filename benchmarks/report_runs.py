@@ -540,7 +540,7 @@ def coalescing(s: Settings) -> str:
                 if tasks == "finished":
                     served, counted = counted_storm(backend, gws, ids, seconds)
                     calls = counted.calls
-                    print(f"  {counted.windows} TTL windows, {counted.strays} calls in second halves", flush=True)
+                    print(f"  calls per TTL window: {counted.per_window}", flush=True)
                     rows.append(finished_row(label, goal, len(ids), len(gws) if kind == "2 embedded" else 1, served,
                                              counted))
                 else:
@@ -558,14 +558,14 @@ def coalescing(s: Settings) -> str:
         f"the TTL ({TTL_SEC} s); a RUNNING task's is not cached, and concurrent polls of it share one upstream call.",
         "", "Finished tasks are counted per TTL window, aligned to the first fill: the benchmark reads the "
         "backend's call count every 10 ms during the storm; its first rise (t0) is the first fill, and window j "
-        "is [t0 + j·TTL, t0 + (j + 1)·TTL). An entry lives a whole TTL from its fill, so a task's next fill in a "
-        "process comes at the earliest one TTL after its last, and under a storm right then, at a window's start. "
-        "Calls are counted from t0 to the middle of the last window the polling covered, t0 + (k - ½)·TTL (k = 3 "
-        "in a 15 s storm): every fill of windows 0 to k - 1 lies before that point and none of window k can. A "
-        "cache that makes one call per task per window therefore reads exactly **1.00** per process, whatever "
-        "the storm's edges. This holds while every process's first fills land within half a TTL of t0; calls "
-        "in a window's second half, which a cache filling on time never makes, are named in the row when there "
-        "are any.",
+        "is [t0 + j·TTL, t0 + (j + 1)·TTL). An entry lives a whole TTL from its fill and no process fills before "
+        "t0, so a task's j-th refill in a process comes at or after t0 + j·TTL, never in an earlier window; under "
+        "a storm it comes right then, late only by the first fills' spread and each fill's latency (milliseconds "
+        "on a quiet machine). While that lateness adds up to less than a TTL, a cache that makes one call per "
+        "task per window puts exactly one in each window and reads **1.00** per process, whatever the storm's "
+        "edges. The windows counted are those whose middle the polling reached (3 in a 15 s storm whose first "
+        "fill comes in its first 2.5 s); each window's calls are given, so fills pushed out of their window "
+        "would show as an uneven split.",
         "", "| tasks | gateways | polls answered | upstream calls | upstream calls | goal | source |",
         "|---|---|---|---|---|---|---|", *rows, ""])
 
@@ -576,19 +576,20 @@ def counted_storm(backend: Service, gateways: list[Service], ids: list[str], sec
     before = sampler.start()
     launched = time.monotonic()  # wrk polls for `seconds` at least from its launch, after this
     served = storm_requests(gateways, ids, seconds)
-    return served, windowed(sampler.stop(), before, launched + seconds, TTL_SEC)
+    # the last window counted ends at most half a TTL after the polling
+    return served, windowed(sampler.stop(launched + seconds + TTL_SEC / 2), before, launched + seconds, TTL_SEC)
 
 
 def finished_row(label: str, goal: str, tasks: int, caches: int, served: int, counted: Windows) -> str:
     """`caches`: the processes that each fill on their own (2 with a cache in memory each, else 1)."""
     head = f"| finished ({tasks} tasks) | {label} | {served:,} |"
     if not counted.windows:
-        return f"{head} {counted.calls:,} | **not measured**: no whole TTL window after the first fill | {goal} | - |"
-    per = counted.per_window(tasks)
+        return f"{head} - | **not measured**: no whole TTL window after the first fill | {goal} | - |"
+    per = counted.per_task(tasks)
     figure = (f"**{per / caches:.2f}** per task per {TTL_SEC} s TTL per process ({per:.2f} in total)" if caches > 1
               else f"**{per:.2f}** per task per {TTL_SEC} s TTL")
-    strays = f"; {counted.strays:,} in a window's second half" if counted.strays else ""
-    return f"{head} {counted.calls:,} in {counted.windows} TTL windows{strays} | {figure} | {goal} | measured |"
+    split = " / ".join(f"{n:,}" for n in counted.per_window)
+    return f"{head} {counted.calls:,} in {counted.windows} TTL windows ({split}) | {figure} | {goal} | measured |"
 
 
 # -- 4: degradation -----------------------------------------------------------------------------------
