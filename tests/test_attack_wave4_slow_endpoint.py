@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,8 +19,8 @@ from tests.procs import ROOT, Service, free_port, wait_until
 KINDS = ("not_http", "header_flood", "short", "bad_chunks")
 
 
-@pytest.fixture(scope="module")
-def garbage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture
+def garbage() -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tests.garbage_endpoint", str(port)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -32,21 +33,20 @@ def garbage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.wait(10)
 
 
-@pytest.fixture(scope="module")
-def backend(module_services: Callable[..., Service], garbage: str, tmp_path_factory: pytest.TempPathFactory) -> Service:
+@pytest.fixture
+def backend(services: Callable[..., Service], garbage: str, tmp_path: Path) -> Service:
     types = {f"ep_{kind}": {"source": {"kind": "http", "url": f"{garbage}/{kind}", "timeout_sec": 5},
                             "formats": ["raw"], "max_attempts": 2} for kind in KINDS}
-    return module_services("backend_stub", backend_config(tmp_path_factory.mktemp("garbage"), export_types=types,
-                                                          sources={"allow_hosts": ["127.0.0.1"]}))
+    config = backend_config(tmp_path, export_types=types, sources={"allow_hosts": ["127.0.0.1"]})
+    return services("backend_stub", config)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_garbage_answer_fails_each_attempt_as_retryable_and_the_task_as_failed(backend: Service, kind: str) -> None:
-    created = backend_create(backend.url, {"export_type": f"ep_{kind}"})
-    assert created.status_code == 201, created.text
-    done = wait_status(backend.url, created.json()["data"]["task_id"], timeout=20)
-    assert done["status"] == "FAILED" and done["attempt"] == 2, done
-    assert "the endpoint could not be reached" in done["error"]["message"], done
+def test_a_garbage_answer_fails_each_attempt_as_retryable_and_the_task_as_failed(backend: Service) -> None:
+    created = {kind: backend_create(backend.url, {"export_type": f"ep_{kind}"}) for kind in KINDS}
+    assert all(resp.status_code == 201 for resp in created.values()), created
+    for kind, resp in created.items():
+        done = wait_status(backend.url, resp.json()["data"]["task_id"], timeout=20)
+        assert done["status"] == "FAILED" and done["attempt"] == 2, (kind, done)
+        assert "the endpoint could not be reached" in done["error"]["message"], (kind, done)
     assert httpx.get(f"{backend.url}/healthz", timeout=5).status_code == 200
     assert "Traceback" not in backend.log()
-
