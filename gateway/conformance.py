@@ -26,6 +26,8 @@ WAIT_SEC = 60.0  # for the first task to finish, so that its file can be read
 POLL_SEC = 0.25
 FEED_LINE_BYTES = 1024 * 1024  # the change feed's first line, at most
 FEED_WAIT_SEC = 10.0  # for that line
+ANSWER_BYTES = 16 * 1024 * 1024  # any one answer, at most
+ANSWER_SEC = 30.0  # to read any one answer (each read also has the client's own timeout)
 
 
 class Failed(Exception):
@@ -290,6 +292,35 @@ def clean_up(run: Run) -> list[str]:
     return left
 
 
+class BoundedStream(httpx.SyncByteStream):
+    """An answer's body, cut (ReadError) past ANSWER_BYTES or ANSWER_SEC: a backend answering without end, or
+    trickling, fails the check rather than holding the run and its memory."""
+
+    def __init__(self, inner: httpx.SyncByteStream) -> None:
+        self._inner = inner
+
+    def __iter__(self) -> Iterator[bytes]:
+        received, deadline = 0, time.monotonic() + ANSWER_SEC
+        for chunk in self._inner:
+            received += len(chunk)
+            if received > ANSWER_BYTES or time.monotonic() > deadline:
+                raise httpx.ReadError(f"the answer passed {ANSWER_BYTES} bytes or {ANSWER_SEC:.0f} s")
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class BoundedTransport(httpx.HTTPTransport):
+    """The kit's transport: every answer's body is a BoundedStream."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        assert isinstance(response.stream, httpx.SyncByteStream), "a blocking transport streams blocking"
+        return httpx.Response(response.status_code, headers=response.headers,
+                              stream=BoundedStream(response.stream), extensions=response.extensions)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upstream", required=True, help="the backend's base URL, e.g. http://127.0.0.1:8081")
     parser.add_argument("--tenant", default="conformance", help="the tenant its tasks belong to")
@@ -300,7 +331,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_checks(args: argparse.Namespace) -> int:
     """Every check against `args.upstream`, one line each; 0 when every required one passed, else 1."""
     auth = {"Authorization": f"Bearer {args.token}"} if args.token else {}
-    with httpx.Client(base_url=args.upstream.rstrip("/"), headers=auth, timeout=10) as client:
+    with httpx.Client(base_url=args.upstream.rstrip("/"), headers=auth, timeout=10,
+                      transport=BoundedTransport()) as client:
         run = Run(client, args.tenant, f"{args.tenant}-other", args.export_type)
         for name, check in REQUIRED:
             run.report(name, check)

@@ -3,7 +3,8 @@ the conformance kit: run as its own process (uvicorn tests.hostile_task_service:
 
 - SHAPE=wrong: every answer is a well-formed envelope whose `data` has the wrong shape (a string, a list, a
   progress that is text, items that are not objects);
-- SHAPE=endless: like `wrong`, and `GET /events` answers 200 with one line that never ends.
+- SHAPE=endless: like `wrong`, and `GET /events` answers 200 with one line that never ends;
+- SHAPE=huge: like `wrong`, and `GET /export-types` answers 200 with a JSON body that never ends.
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def envelope(data: object, status: int = 200, headers: dict[str, str] | None = N
 
 
 async def export_types(request: Request) -> Response:
+    if SHAPE == "huge":
+        return StreamingResponse(never_ends(b'{"code":0,"message":"success","data":{"items":["'),
+                                 media_type="application/json")
     if request.headers.get("if-none-match") == '"v1"':
         return Response(status_code=304)
     return envelope({"items": [{"export_type": "report_export", "formats": ["csv"]}]}, headers={"ETag": '"v1"'})
@@ -49,13 +53,14 @@ async def cancel(request: Request) -> Response:
 async def events(request: Request) -> Response:
     if SHAPE != "endless":
         return Response(status_code=404)
+    return StreamingResponse(never_ends(b""), media_type="application/x-ndjson")
 
-    async def never_ends() -> AsyncIterator[bytes]:
-        while True:
-            yield b"x" * 65_536
-            await asyncio.sleep(0)
 
-    return StreamingResponse(never_ends(), media_type="application/x-ndjson")
+async def never_ends(start: bytes) -> AsyncIterator[bytes]:
+    yield start
+    while True:
+        yield b"x" * 65_536
+        await asyncio.sleep(0)
 
 
 async def healthz(request: Request) -> Response:

@@ -1,6 +1,6 @@
 """Attacks on the conformance kit: a task service that answers every route with the right status and a body of
 the wrong shape, or a change feed whose first line never ends, fails the checks it breaks, line by line, and
-exits 1 in bounded time, without a traceback."""
+exits 1 in bounded time and memory, without a traceback; so does one whose answer never ends."""
 from __future__ import annotations
 
 import subprocess
@@ -46,6 +46,14 @@ def test_answers_of_the_wrong_shape_fail_their_checks_without_a_traceback(hostil
     assert {name for name, _ in REQUIRED} <= verdicts, run.stdout
     assert "FAIL     create with the gateway's task id: an answer does not have the contract's shape" in run.stdout
     assert "OPTIONAL change feed (GET /events)" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("hostile", ["huge"], indirect=True)
+def test_an_answer_that_never_ends_fails_its_check_at_the_bound_and_the_run_goes_on(hostile: str) -> None:
+    run = conformance(hostile)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stdout + run.stderr
+    assert "FAIL     export types, with an ETag: the request failed: ReadError: the answer passed" in run.stdout
+    assert "FAIL     create with the gateway's task id" in run.stdout, run.stdout
 
 
 @pytest.mark.parametrize("hostile", ["endless"], indirect=True)
