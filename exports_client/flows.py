@@ -187,7 +187,7 @@ def follow(ctx: Context, plan: polling.PollPlan, started: float) -> Flow[Task | 
                     if not isinstance(item, sse.Event) or item.event != "status":
                         continue
                     current = task_of(item)
-                    breaks, last_id = 0, item.id or last_id
+                    breaks, last_id = 0, sse.resumable(item.id) or last_id
                     retry_sec = item.retry_ms / 1000 if item.retry_ms else retry_sec
                     plan.last = current
                     if current.terminal:

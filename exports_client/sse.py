@@ -10,10 +10,13 @@ whose data passes MAX_EVENT_CHARS, breaks the stream (BrokenStream), as a cut co
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 MAX_LINE_BYTES = 1024 * 1024
 MAX_EVENT_CHARS = 4 * 1024 * 1024
+# an id worth sending back as Last-Event-ID: what a gateway makes (printable ASCII, no spaces, bounded)
+RESUMABLE_ID = re.compile(r"[!-~]{1,128}")
 
 
 class BrokenStream(ValueError):
@@ -34,6 +37,11 @@ class Heartbeat:
 
 
 HEARTBEAT = Heartbeat()
+
+
+def resumable(event_id: str | None) -> str | None:
+    """`event_id` when a Last-Event-ID header can carry it and a gateway would read it, else None."""
+    return event_id if event_id is not None and RESUMABLE_ID.fullmatch(event_id) else None
 
 
 class LineSplitter:

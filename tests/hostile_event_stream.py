@@ -5,12 +5,14 @@ COMPLETED, so a client that gives the stream up and polls finishes.
 - STREAM=endless_line: 200 text/event-stream, one line that never ends;
 - STREAM=endless_event: 200 text/event-stream, `data:` lines for ever, never the blank line that ends an event;
 - STREAM=garbage_data: 200 text/event-stream, a `status` event whose data is not JSON, for ever;
-- STREAM=trickle: 200 text/event-stream, a short `data:` line every 0.05 s, never an event's end.
+- STREAM=trickle: 200 text/event-stream, a short `data:` line every 0.05 s, never an event's end;
+- STREAM=odd_id: 200 text/event-stream, one RUNNING status event whose id is not ASCII, then the end.
 `/stats` counts the stream opens and the polls.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncIterator
 
@@ -28,6 +30,9 @@ PAUSES = {"garbage_data": 0.05, "trickle": 0.05}
 
 async def events(request: Request) -> Response:
     COUNTS["streams"] += 1
+    if STREAM == "odd_id":
+        running = json.dumps({"code": 0, "message": "success", "data": task(request.path_params["task_id"], "RUNNING")})
+        return Response(f"id: caf\u00e9-1\nevent: status\ndata: {running}\n\n".encode(), media_type="text/event-stream")
     piece = PIECES[STREAM]
 
     async def body() -> AsyncIterator[bytes]:
@@ -39,12 +44,15 @@ async def events(request: Request) -> Response:
     return StreamingResponse(body(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
 
+def task(task_id: str, status: str) -> dict[str, object]:
+    return {"task_id": task_id, "export_type": "report_export", "status": status,
+            "progress": 100 if status == "COMPLETED" else 50, "current_step": None, "attempt": 1,
+            "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z", "result": None, "error": None}
+
+
 async def status(request: Request) -> Response:
     COUNTS["polls"] += 1
-    task = {"task_id": request.path_params["task_id"], "export_type": "report_export", "status": "COMPLETED",
-            "progress": 100, "current_step": None, "attempt": 1, "created_at": "2026-01-01T00:00:00Z",
-            "updated_at": "2026-01-01T00:00:00Z", "result": None, "error": None}
-    return JSONResponse({"code": 0, "message": "success", "data": task})
+    return JSONResponse({"code": 0, "message": "success", "data": task(request.path_params["task_id"], "COMPLETED")})
 
 
 async def stats(request: Request) -> Response:

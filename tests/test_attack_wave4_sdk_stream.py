@@ -1,7 +1,8 @@
-"""Attacks on the SDK's `wait` by an event stream that misbehaves (a broken proxy, a hostile server): a line that
-never ends, an event that never ends, status events that are not tasks, a trickle that never completes an event.
-The SDK gives such a stream up within its retries and polls, in bounded memory and time; `max_wait` holds
-however the server trickles; the caller never sees the parser's own errors."""
+"""Attacks on the SDK's `wait` by an event stream that misbehaves (a broken proxy, a hostile server): a line
+that never ends, an event that never ends, status events that are not tasks, a trickle that never completes
+an event, an id no header can carry. The SDK gives such a stream up within its retries and polls, in bounded
+memory and time (an id it cannot send back is not sent); `max_wait` holds however the server trickles; the
+caller never sees the parser's own errors."""
 from __future__ import annotations
 
 import asyncio
@@ -68,6 +69,13 @@ def test_max_wait_holds_against_a_stream_that_trickles_and_never_ends_an_event(h
     with pytest.raises(WaitTimeout):
         ExportsClient(hostile, "key", retries=RETRIES).wait(TASK_ID, max_wait=1.5)
     assert time.monotonic() - started < 3.5
+
+
+@pytest.mark.parametrize("hostile", ["odd_id"], indirect=True)
+def test_an_event_id_no_header_can_carry_is_not_sent_back_and_the_wait_goes_on(hostile: str) -> None:
+    with pytest.raises(WaitTimeout):  # every stream says RUNNING, then ends: reconnected until max_wait
+        ExportsClient(hostile, "key", retries=RETRIES).wait(TASK_ID, max_wait=1.5)
+    assert counts(hostile)["streams"] >= 2
 
 
 def test_lines_end_at_crlf_lf_or_cr_across_chunks_and_a_line_past_the_bound_breaks_the_stream() -> None:
