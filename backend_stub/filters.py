@@ -32,6 +32,8 @@ class FilterSpec(Strict):
     def _enum_has_values(self) -> FilterSpec:
         if self.type == "enum" and not self.values:
             raise ValueError("an enum filter needs a non-empty 'values' list")
+        if self.multiple and self.type != "enum":  # a list's length is bounded by the values it picks from
+            raise ValueError("multiple: true is for enum filters only (a list picks from their values)")
         return self
 
 
@@ -76,10 +78,22 @@ def validate_filters(specs: dict[str, FilterSpec], raw: Any) -> dict[str, Any]:
         if spec.multiple and isinstance(value, list):
             if not value:
                 raise validation_error(f"filters.{name}", "must not be an empty list")
-            out[name] = [_check_scalar(name, spec, v) for v in value]
+            out[name] = _distinct(name, spec, value)
         else:
             out[name] = _check_scalar(name, spec, value)
     return out
+
+
+def _distinct(name: str, spec: FilterSpec, values: list[Any]) -> list[Any]:
+    """A list filter's values, each checked and none twice: so a list is never longer than the enum it picks from
+    (each value is a bound parameter of the source's query, and a database caps how many one statement takes)."""
+    checked: list[Any] = []
+    for value in values:
+        item = _check_scalar(name, spec, value)
+        if item in checked:
+            raise validation_error(f"filters.{name}", f"lists {item!r} more than once")
+        checked.append(item)
+    return checked
 
 
 def _scalar_schema(spec: FilterSpec) -> dict[str, Any]:
@@ -99,7 +113,9 @@ def filters_schema(specs: dict[str, FilterSpec]) -> dict[str, Any]:
     for name, spec in specs.items():
         scalar = _scalar_schema(spec)
         described = "any of" if spec.multiple else _OP_WORDS[spec.op]
-        schema = {"anyOf": [scalar, {"type": "array", "items": scalar, "minItems": 1}]} if spec.multiple else scalar
+        listed = {"type": "array", "items": scalar, "minItems": 1, "maxItems": len(spec.values or []),
+                  "uniqueItems": True}
+        schema = {"anyOf": [scalar, listed]} if spec.multiple else scalar
         properties[name] = {**schema, "description": f"rows whose {spec.column} {described} this value"}
     return {"type": "object", "additionalProperties": False, "properties": properties}
 

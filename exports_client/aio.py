@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import collections
 import contextlib
 import random
 import time
@@ -147,8 +148,9 @@ class _Events:
 
     def __init__(self) -> None:
         self._stream: contextlib.AbstractAsyncContextManager[httpx.Response] | None = None
-        self._lines: AsyncIterator[str] | None = None
-        self._parser = sse.EventParser()
+        self._chunks: AsyncIterator[bytes] | None = None
+        self._lines: collections.deque[str] = collections.deque()
+        self._splitter, self._parser = sse.LineSplitter(), sse.EventParser()
 
     async def open(self, http: httpx.AsyncClient, step: flows.OpenEvents, auth: dict[str, str]) -> httpx.Response:
         await self.close()
@@ -158,25 +160,30 @@ class _Events:
         resp = await self._stream.__aenter__()
         if not core.is_event_stream(resp):
             await resp.aread()
-        self._lines, self._parser = resp.aiter_lines(), sse.EventParser()
+        self._chunks, self._parser, self._splitter = resp.aiter_bytes(), sse.EventParser(), sse.LineSplitter()
+        self._lines.clear()
         return resp
 
     async def next(self, within: float) -> sse.Event | sse.Heartbeat | None:
         """The next event or heartbeat; None once the stream has ended; a heartbeat when `within` runs out first
         (the flow then sees its deadline passed)."""
-        assert self._lines is not None, "a stream is open"
+        assert self._chunks is not None, "a stream is open"
         try:
             async with asyncio.timeout(max(0.0, within)):
-                async for line in self._lines:
-                    item = self._parser.feed(line)
-                    if item is not None:
-                        return item
+                while True:
+                    while self._lines:
+                        item = self._parser.feed(self._lines.popleft())
+                        if item is not None:
+                            return item
+                    chunk = await anext(self._chunks, None)
+                    if chunk is None:
+                        return None
+                    self._lines.extend(self._splitter.feed(chunk))
         except TimeoutError:
-            self._lines = None  # cut mid-line: the stream is no longer readable
+            self._chunks = None  # cut mid-read: the stream is no longer readable
             return sse.HEARTBEAT
-        return None
 
     async def close(self) -> None:
-        stream, self._stream, self._lines = self._stream, None, None
+        stream, self._stream, self._chunks = self._stream, None, None
         if stream is not None:
             await stream.__aexit__(None, None, None)

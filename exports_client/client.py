@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import builtins
+import collections
 import contextlib
 import random
 import time
@@ -86,7 +87,7 @@ class ExportsClient:
                     elif isinstance(step, flows.OpenEvents):
                         reply = events.open(self._http, step, core.auth_headers(self._ctx.api_key))
                     elif isinstance(step, flows.NextEvent):
-                        reply = events.next()
+                        reply = events.next(step.deadline, self._ctx.clock)
                     elif isinstance(step, flows.CloseEvents):
                         events.close()
                     else:
@@ -155,8 +156,9 @@ class _Events:
 
     def __init__(self) -> None:
         self._stream: contextlib.AbstractContextManager[httpx.Response] | None = None
-        self._lines: Iterator[str] | None = None
-        self._parser = sse.EventParser()
+        self._chunks: Iterator[bytes] | None = None
+        self._lines: collections.deque[str] = collections.deque()
+        self._splitter, self._parser = sse.LineSplitter(), sse.EventParser()
 
     def open(self, http: httpx.Client, step: flows.OpenEvents, auth: dict[str, str]) -> httpx.Response:
         self.close()
@@ -166,20 +168,27 @@ class _Events:
         resp = self._stream.__enter__()
         if not core.is_event_stream(resp):
             resp.read()
-        self._lines, self._parser = resp.iter_lines(), sse.EventParser()
+        self._chunks, self._parser, self._splitter = resp.iter_bytes(), sse.EventParser(), sse.LineSplitter()
+        self._lines.clear()
         return resp
 
-    def next(self) -> sse.Event | sse.Heartbeat | None:
-        """The next event or heartbeat; None once the stream has ended. A read waits at most the stream's read
-        timeout (the deadline is checked at each heartbeat)."""
-        assert self._lines is not None, "a stream is open"
-        for line in self._lines:
-            item = self._parser.feed(line)
-            if item is not None:
-                return item
-        return None
+    def next(self, deadline: float, clock: Callable[[], float]) -> sse.Event | sse.Heartbeat | None:
+        """The next event or heartbeat; None once the stream has ended; a heartbeat once `deadline` has passed
+        (the flow then sees it), however the server trickles. A read waits at most the stream's read timeout."""
+        assert self._chunks is not None, "a stream is open"
+        while True:
+            while self._lines:
+                item = self._parser.feed(self._lines.popleft())
+                if item is not None:
+                    return item
+            if clock() >= deadline:
+                return sse.HEARTBEAT
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return None
+            self._lines.extend(self._splitter.feed(chunk))
 
     def close(self) -> None:
-        stream, self._stream, self._lines = self._stream, None, None
+        stream, self._stream, self._chunks = self._stream, None, None
         if stream is not None:
             stream.__exit__(None, None, None)

@@ -186,15 +186,15 @@ def follow(ctx: Context, plan: polling.PollPlan, started: float) -> Flow[Task | 
                         raise WaitTimeout(plan.last, plan.token(), ctx.clock() - started)
                     if not isinstance(item, sse.Event) or item.event != "status":
                         continue
-                    breaks, last_id = 0, item.id or last_id
+                    current = task_of(item)
+                    breaks, last_id = 0, sse.resumable(item.id) or last_id
                     retry_sec = item.retry_ms / 1000 if item.retry_ms else retry_sec
-                    current = Task.from_dict(core.event_data(item.data))
                     plan.last = current
                     if current.terminal:
                         return current
                     yield Emit(current)
-            except core.TRANSPORT_ERRORS:
-                pass  # cut (or quiet past the deadline): reconnect, or time out just below
+            except (*core.TRANSPORT_ERRORS, sse.BrokenStream):
+                pass  # cut, broken, or quiet past the deadline: reconnect (then poll), or time out just below
             finally:
                 yield CloseEvents()
         breaks += 1
@@ -208,6 +208,14 @@ def follow(ctx: Context, plan: polling.PollPlan, started: float) -> Flow[Task | 
             retrying(ctx, failure, pause)
             failure = None
         yield Sleep(pause)
+
+
+def task_of(event: sse.Event) -> Task:
+    """The task a status event carries; BrokenStream when its data is not one (the stream is not followed)."""
+    try:
+        return Task.from_dict(core.event_data(event.data))
+    except (ValueError, TypeError) as exc:
+        raise sse.BrokenStream(f"a status event that is not a task: {exc}"[:200]) from None
 
 
 def poll(ctx: Context, plan: polling.PollPlan, started: float) -> Flow[Task]:

@@ -313,6 +313,7 @@ _MYSQL_AUTH = {1044, 1045, 1130, 1698}  # 1130: no account for the client's host
 _MYSQL_UNKNOWN_DB = 1049
 _MYSQL_UNREACHABLE = {2002, 2003, 2005, 2006, 2013, 2055, 1053}  # 1053: the server is shutting down
 _SQLITE_CANTOPEN = 14
+_SQLITE_ERROR = 1  # the generic code of a statement SQLite refuses
 
 
 def _detail(orig: BaseException, url: URL | None) -> str:
@@ -323,6 +324,13 @@ def _detail(orig: BaseException, url: URL | None) -> str:
     if url is not None and url.password:
         text = text.replace(str(url.password), "***")
     return text[:300]
+
+
+def _sqlite_refused(orig: BaseException) -> bool:
+    """A statement SQLite itself refuses (no such table or column, a syntax error): sqlite3 raises it as an
+    OperationalError, but nothing broke and another attempt would fail the same way."""
+    code = getattr(orig, "sqlite_errorcode", None)
+    return type(orig).__module__.startswith("sqlite3") and isinstance(code, int) and code & 0xFF == _SQLITE_ERROR
 
 
 def _kind(orig: BaseException, text: str) -> str:
@@ -377,6 +385,6 @@ def sql_error(error: BaseException, url: str | URL) -> SqlError:
     if kind == "unreachable":
         return SqlUnreachable(f"cannot reach the database at {where} ({detail}): check that the server is "
                               "running and that the URL's host and port are right", where)
-    broken = isinstance(error, exc.DBAPIError) and (error.connection_invalidated or
-                                                    isinstance(error, exc.OperationalError))
+    broken = isinstance(error, exc.DBAPIError) and (error.connection_invalidated or (
+        isinstance(error, exc.OperationalError) and not _sqlite_refused(orig)))
     return SqlFailed(f"the database at {where} failed: {detail}", where, retryable=broken)

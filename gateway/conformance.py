@@ -24,6 +24,10 @@ from exports_common.task_ids import new_task_id
 TASK_PREFIX = "conformance"
 WAIT_SEC = 60.0  # for the first task to finish, so that its file can be read
 POLL_SEC = 0.25
+FEED_LINE_BYTES = 1024 * 1024  # the change feed's first line, at most
+FEED_WAIT_SEC = 10.0  # for that line
+ANSWER_BYTES = 16 * 1024 * 1024  # any one answer, at most
+ANSWER_SEC = 30.0  # to read any one answer (each read also has the client's own timeout)
 
 
 class Failed(Exception):
@@ -58,16 +62,21 @@ class Run:
         try:
             note = check(self)
         except Failed as exc:
-            if optional:
-                print(f"OPTIONAL {name}: {exc}")
-            else:
-                self.failures += 1
-                print(f"FAIL     {name}: {exc}")
+            self._failed(name, str(exc), optional)
         except httpx.HTTPError as exc:
-            self.failures += 1
-            print(f"FAIL     {name}: the request failed: {type(exc).__name__}: {exc}")
+            self._failed(name, f"the request failed: {type(exc).__name__}: {exc}", optional)
+        except (LookupError, TypeError, AttributeError) as exc:  # the right status, a body of the wrong shape
+            self._failed(name, f"an answer does not have the contract's shape: {type(exc).__name__}: {exc}"[:300],
+                         optional)
         else:
             print(f"PASS     {name}" + (f" ({note})" if note else ""))
+
+    def _failed(self, name: str, why: str, optional: bool) -> None:
+        if optional:
+            print(f"OPTIONAL {name}: {why}")
+        else:
+            self.failures += 1
+            print(f"FAIL     {name}: {why}")
 
 
 def data_of(resp: httpx.Response, *statuses: int) -> Any:
@@ -231,7 +240,7 @@ def download_with_range(run: Run) -> str:
 def change_feed(run: Run) -> str:
     with run.client.stream("GET", "/events", params={"follow": "false"}, timeout=5) as resp:
         expect(resp.status_code == 200, f"GET /events answered {resp.status_code}: the gateway polls instead")
-        line = next(iter_lines(resp), "")
+        line = first_line(resp.iter_bytes(), time.monotonic() + FEED_WAIT_SEC)
     try:
         json.loads(line)
     except ValueError:
@@ -239,8 +248,19 @@ def change_feed(run: Run) -> str:
     return "served"
 
 
-def iter_lines(resp: httpx.Response) -> Iterator[str]:
-    return (line for line in resp.iter_lines() if line.strip())
+def first_line(chunks: Iterator[bytes], deadline: float) -> bytes:
+    """The first line that is not blank, read within FEED_LINE_BYTES and by `deadline`: a feed that never ends
+    a line (or trickles) fails the check rather than holding the run and its memory."""
+    held = b""
+    for chunk in chunks:
+        held += chunk
+        while b"\n" in held:
+            line, held = held.split(b"\n", 1)
+            if line.strip():
+                return line
+        expect(len(held) <= FEED_LINE_BYTES, f"the feed's first line passed {FEED_LINE_BYTES} bytes")
+        expect(time.monotonic() < deadline, f"the feed sent no whole line within {FEED_WAIT_SEC:.0f} s")
+    return held
 
 
 REQUIRED: list[tuple[str, Callable[[Run], str | None]]] = [
@@ -262,10 +282,43 @@ def clean_up(run: Run) -> list[str]:
     """Cancel every task the run made that is still active; the ones that could not be."""
     left = []
     for task_id in run.created:
-        resp = run.client.post(f"/exports/{task_id}/cancel", headers=run.headers())
+        try:
+            resp = run.client.post(f"/exports/{task_id}/cancel", headers=run.headers())
+        except httpx.HTTPError:
+            left.append(task_id)
+            continue
         if resp.status_code not in (200, 409):
             left.append(task_id)
     return left
+
+
+class BoundedStream(httpx.SyncByteStream):
+    """An answer's body, cut (ReadError) past ANSWER_BYTES or ANSWER_SEC: a backend answering without end, or
+    trickling, fails the check rather than holding the run and its memory."""
+
+    def __init__(self, inner: httpx.SyncByteStream) -> None:
+        self._inner = inner
+
+    def __iter__(self) -> Iterator[bytes]:
+        received, deadline = 0, time.monotonic() + ANSWER_SEC
+        for chunk in self._inner:
+            received += len(chunk)
+            if received > ANSWER_BYTES or time.monotonic() > deadline:
+                raise httpx.ReadError(f"the answer passed {ANSWER_BYTES} bytes or {ANSWER_SEC:.0f} s")
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class BoundedTransport(httpx.HTTPTransport):
+    """The kit's transport: every answer's body is a BoundedStream."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        assert isinstance(response.stream, httpx.SyncByteStream), "a blocking transport streams blocking"
+        return httpx.Response(response.status_code, headers=response.headers,
+                              stream=BoundedStream(response.stream), extensions=response.extensions)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -278,7 +331,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_checks(args: argparse.Namespace) -> int:
     """Every check against `args.upstream`, one line each; 0 when every required one passed, else 1."""
     auth = {"Authorization": f"Bearer {args.token}"} if args.token else {}
-    with httpx.Client(base_url=args.upstream.rstrip("/"), headers=auth, timeout=10) as client:
+    with httpx.Client(base_url=args.upstream.rstrip("/"), headers=auth, timeout=10,
+                      transport=BoundedTransport()) as client:
         run = Run(client, args.tenant, f"{args.tenant}-other", args.export_type)
         for name, check in REQUIRED:
             run.report(name, check)
