@@ -198,8 +198,9 @@ class BackendApi:
                 return Response(status_code=307, headers={"Location": location, "Cache-Control": "no-store"})
         size = int(task.result["bytes"])
         etag = _etag(task.task_id, task.attempt, key, size)
+        # nosniff: a raw answer keeps its endpoint's media type (text/html, say), which no browser may second-guess
         headers = {"Accept-Ranges": "bytes", "Content-Disposition": f'attachment; filename="{_file_name(task)}"',
-                   "ETag": etag}
+                   "X-Content-Type-Options": "nosniff", "ETag": etag}
         media = _media_type(task)
         # a resume names the file it began (If-Range): another file, or a date (no Last-Modified is sent), gets it
         # whole (RFC 9110 13.1.5), so a client never appends one file's end to another's start

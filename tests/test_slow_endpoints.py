@@ -109,6 +109,7 @@ def test_each_task_calls_the_endpoint_once_with_its_id_as_idempotency_key_and_se
         assert file.status_code == 200 and file.text == "region,total\neu-west,42\n"
         assert file.headers["content-type"].startswith("text/csv")
         assert f'filename="{task_id}.csv"' in file.headers["content-disposition"]
+        assert file.headers["x-content-type-options"] == "nosniff"
     (call,) = endpoint.calls(posted)
     assert (call["method"], call["tenant"], json.loads(call["body"])) == ("POST", "demo", {"region": "eu-west"})
     (call,) = endpoint.calls(got)
