@@ -94,8 +94,7 @@ def create_app(config: BackendConfig, config_path: str | None = None) -> tracing
     routes = [*api.routes(), *AdminApi(store).routes(), *reloader.routes(),
               Route("/metrics", metrics.endpoint(store), methods=["GET"]), Route("/readyz", readyz, methods=["GET"])]
     if config.change_log.feed:  # without it, a gateway's 404 makes it poll each watched task instead
-        routes.append(Route("/events", ChangeFeed(store, config.change_log.feed_heartbeat_sec).events,
-                            methods=["GET"]))
+        routes.append(Route("/events", ChangeFeed(store, config.change_log).events, methods=["GET"]))
     handlers = {**exception_handlers(), RedisError: redis_failed, SqlError: sql_failed}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     guarded = ServiceAuth(HttpFault(app, config.http_fault, counter), config.required_token())

@@ -15,6 +15,11 @@ object per line, in log order:
 Query: `after` (a change id: start after it; omitted: at the current end), `tenant` (only
 that tenant's entries; positions still move), `follow` (`true`, the default: wait for new
 entries for ever; `false`: end once caught up, for a reader catching up after a break).
+
+A tenant's catch-up (`tenant` with `follow=false`) reads at most `catch_up_max_entries` of the
+log (every tenant's entries count: the log is one sequence); past that it answers a gap, and the
+reader starts again from the current state. So one tenant's resumes, which a gateway sends on
+its clients' behalf, cost the store a bounded read each, however old the id they resume from.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from backend_stub.config import ChangeLogConfig
 from backend_stub.store import TaskStore
 from backend_stub.store.base import ChangeEntry, ChangeLogGap
 from exports_common.errors import validation_error
@@ -60,9 +66,16 @@ def _query(request: Request) -> tuple[str | None, str | None, bool]:
 
 
 class ChangeFeed:
-    def __init__(self, store: TaskStore, heartbeat_sec: float) -> None:
+    def __init__(self, store: TaskStore, log: ChangeLogConfig) -> None:
         self.store = store
-        self.heartbeat_sec = heartbeat_sec
+        self.heartbeat_sec = log.feed_heartbeat_sec
+        self.catch_up_max_entries = log.catch_up_max_entries
+
+    def _page_size(self, tenant: str | None, follow: bool, read: int) -> int:
+        """How many entries to read next: a page, or what is left of a tenant's catch-up (0: none)."""
+        if tenant is None or follow:
+            return PAGE
+        return min(PAGE, self.catch_up_max_entries - read)
 
     async def events(self, request: Request) -> Response:
         after, tenant, follow = _query(request)
@@ -72,7 +85,7 @@ class ChangeFeed:
             opening = _line({"position": after or ""})
         else:
             try:  # read here, before the answer starts: a malformed id is the caller's 422, not a cut stream
-                first = await self.store.changes(after, PAGE)
+                first = await self.store.changes(after, self._page_size(tenant, follow, 0))
                 opening = _line({"position": after})
             except ValueError as exc:
                 raise validation_error("after", str(exc)) from exc
@@ -86,15 +99,22 @@ class ChangeFeed:
     async def _lines(self, opening: bytes, page: list[ChangeEntry], after: str | None, tenant: str | None,
                      follow: bool) -> AsyncIterator[bytes]:
         yield opening
+        read, size = 0, self._page_size(tenant, follow, 0)
         while True:
             if page:
                 chunk = b"".join(_entry(e) for e in page if tenant is None or e.tenant == tenant)
                 after = page[-1].change_id
+                read += len(page)
                 yield chunk + _line({"position": after})
-            if len(page) < PAGE and not follow:
+            if len(page) < size and not follow:
+                return
+            size = self._page_size(tenant, follow, read)
+            if size == 0:  # a tenant's catch-up this long costs more than a fresh start: the reader makes one
+                latest = await self.store.latest_change_id()
+                yield _line({"gap": after or "", "position": latest or ""})
                 return
             try:
-                page = await self.store.changes(after, PAGE, wait_sec=self.heartbeat_sec if follow else 0.0)
+                page = await self.store.changes(after, size, wait_sec=self.heartbeat_sec if follow else 0.0)
             except ChangeLogGap:  # this reader fell behind the retention while reading: say so, go on at the end
                 latest = await self.store.latest_change_id()
                 yield _line({"gap": after or "", "position": latest or ""})

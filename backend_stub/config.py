@@ -218,6 +218,10 @@ class ChangeLogConfig(Strict):
                        "changes to their clients (false: gateways poll each watched task instead)")
     feed_heartbeat_sec: float = Field(5.0, gt=0, le=60, description=(
         "a quiet feed sends its position this often, so a gateway can tell a live feed from a dead one"))
+    catch_up_max_entries: int = Field(10_000, ge=100, le=1_000_000, description=(
+        "a tenant's catch-up on the feed (a client's stream resumed with Last-Event-ID) reads at most this many "
+        "of the log's entries, every tenant's counted; past that the feed answers a gap and the stream starts "
+        "again from the tenant's current tasks"))
 
 
 class SchedulerConfig(Strict):
