@@ -5,7 +5,9 @@ On a submit that fails with a connect error, timeout, open breaker or 502-504,
 `"degraded": true`; the gateway delivers it in order once the upstream is back
 (the task keeps its id; the upstream's create is idempotent by id).
 `mode: reject` answers 503 with `Retry-After` instead. On a status route the
-same plugin answers PENDING for a task still waiting in the outbox.
+same plugin answers PENDING for a task still waiting in the outbox, and asks the
+upstream once more when the outbox no longer holds a task the upstream did not know:
+it may have been delivered in between.
 """
 from __future__ import annotations
 
@@ -158,9 +160,13 @@ class Outbox(PluginBase[OutboxSettings]):
             return self._pending(item)
         if resp.status == 404:
             item = await self.store.find(ctx.tenant or "", task_id)
+            resp.close()
             if item is not None:
-                resp.close()
                 return self._pending(item)
+            # the drainer may have delivered it between the upstream's 404 and that look: a delivered submission
+            # leaves the outbox only once the upstream has answered its create, so asked again now, the upstream
+            # has the task if it was ever here (a 404 the outbox does not explain costs one more read)
+            return await self.next(ctx)
         return resp
 
     def _pending(self, item: OutboxItem) -> GatewayResponse:
