@@ -8,13 +8,15 @@ submission and takes it out of the outbox; only then does the gateway see the 40
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import httpx
+import pytest
 
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
-from tests.procs import Service, backend_headers, wait_until
+from tests.procs import RedisServer, Service, backend_headers, wait_until
 
 API = "/api/v1/exports"
 AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
@@ -37,10 +39,14 @@ def patient(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def test_status_read_racing_the_delivery_finds_the_task(services: Callable[..., Service], tmp_path: Path) -> None:
+@pytest.mark.parametrize("outbox", ["sqlite", "redis"])
+def test_status_read_racing_the_delivery_finds_the_task(services: Callable[..., Service], tmp_path: Path,
+                                                        redis_server: RedisServer, outbox: str) -> None:
     backend = services("backend_stub", backend_config(tmp_path))
     proxy = services("tests.held_upstream", {"upstream": backend.url}, name="held-upstream")
-    gateway = services("gateway", patient(gateway_config(tmp_path, proxy.url)))
+    # the gateway's outbox in its state file, or in Redis (a prefix of its own: nobody else's outbox)
+    shared = {"redis_url": redis_server.url, "redis_prefix": f"race{time.time_ns()}"} if outbox == "redis" else {}
+    gateway = services("gateway", patient(gateway_config(tmp_path, proxy.url, **shared)))
 
     steer(proxy, "refuse_creates", True)
     submitted = httpx.post(f"{gateway.url}{API}", json={"export_type": "report_export"}, headers=AUTH, timeout=30)

@@ -6,8 +6,8 @@ On a submit that fails with a connect error, timeout, open breaker or 502-504,
 (the task keeps its id; the upstream's create is idempotent by id).
 `mode: reject` answers 503 with `Retry-After` instead. On a status route the
 same plugin answers PENDING for a task still waiting in the outbox, and asks the
-upstream once more when the outbox no longer holds a task the upstream did not know:
-it may have been delivered in between.
+upstream once more when the upstream did not know a task that left the outbox lately:
+it was delivered in between.
 """
 from __future__ import annotations
 
@@ -150,6 +150,8 @@ class Outbox(PluginBase[OutboxSettings]):
                               self.settings.retry_after_sec)
 
     async def _status(self, ctx: RequestContext) -> GatewayResponse:
+        """The upstream's answer; PENDING (or FAILED) for a task the outbox holds, which the upstream does not
+        know yet."""
         task_id = ctx.params.get(self.settings.param, "")
         try:
             resp = await self.next(ctx)
@@ -160,13 +162,14 @@ class Outbox(PluginBase[OutboxSettings]):
             return self._pending(item)
         if resp.status == 404:
             item = await self.store.find(ctx.tenant or "", task_id)
-            resp.close()
             if item is not None:
+                resp.close()
                 return self._pending(item)
-            # the drainer may have delivered it between the upstream's 404 and that look: a delivered submission
-            # leaves the outbox only once the upstream has answered its create, so asked again now, the upstream
-            # has the task if it was ever here (a 404 the outbox does not explain costs one more read)
-            return await self.next(ctx)
+            if await self.store.left_lately(task_id):
+                # delivered between the upstream's 404 and that look: a submission leaves the outbox only once
+                # the upstream has answered its create, so asked again now, the upstream has the task
+                resp.close()
+                return await self.next(ctx)
         return resp
 
     def _pending(self, item: OutboxItem) -> GatewayResponse:
