@@ -45,8 +45,9 @@ def test_status_read_racing_the_delivery_finds_the_task(services: Callable[..., 
     backend = services("backend_stub", backend_config(tmp_path))
     proxy = services("tests.held_upstream", {"upstream": backend.url}, name="held-upstream")
     # the gateway's outbox in its state file, or in Redis (a prefix of its own: nobody else's outbox)
-    shared = {"redis_url": redis_server.url, "redis_prefix": f"race{time.time_ns()}"} if outbox == "redis" else {}
-    gateway = services("gateway", patient(gateway_config(tmp_path, proxy.url, **shared)))
+    on_redis = outbox == "redis"
+    gateway = services("gateway", patient(gateway_config(tmp_path, proxy.url, redis_server.url if on_redis else "",
+                                                         redis_prefix=f"race{time.time_ns()}")))
 
     steer(proxy, "refuse_creates", True)
     submitted = httpx.post(f"{gateway.url}{API}", json={"export_type": "report_export"}, headers=AUTH, timeout=30)
