@@ -50,12 +50,15 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import contextvars
 import functools
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -145,7 +148,7 @@ class Stack:
                                     log_level="info", **store)
             self.backends.append(Service("backend_stub", config, self.workdir, f"backend-{i + 1}").start(timeout=60))
         for i, backend in enumerate(self.backends):
-            config = gateway_config(self.workdir, backend.url, url)
+            config = gateway_config(self.workdir, backend.url, url, access_log=True)  # for a failed run's trace
             self.gateways.append(Service("gateway", config, self.workdir, f"gateway-{'AB'[i]}",
                                          env=LIMITS_ENV).start(timeout=60))
         return self
@@ -157,6 +160,9 @@ class Stack:
             self.cluster.stop()
         self.redis.stop()
         if self.database is not None:
+            self.database.stop()
+            # the server's log lives with its files (in memory): kept with the stack's other logs
+            shutil.copy(self.database.log_path, self.workdir / "postgresql.log")
             self.database.remove()
 
     def entry_points(self) -> list[str]:
@@ -270,6 +276,13 @@ class Tally:
     error_times: list[float] = field(default_factory=list)
     examples: list[str] = field(default_factory=list)
     last_seen: dict[str, str] = field(default_factory=dict)  # task id → the last status (or answer) a poll got
+    # every submit's answers and every poll's end, in order: written to the run's journal.jsonl
+    journal: list[dict[str, Any]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def note(self, event: str, **fields: Any) -> None:
+        self.journal.append({"t": round(time.monotonic() - self.started, 3), "at": round(time.time(), 3),
+                             "event": event, **fields})
 
 
 class Client:
@@ -307,12 +320,15 @@ class Client:
         self.tally.submitted_at[key] = time.monotonic()
         give_up = time.monotonic() + GIVE_UP_SEC
         while time.monotonic() < give_up:
+            entry = self._gateway()
             try:
-                resp = await self.http.post(self._gateway() + API, json=body, headers={"Idempotency-Key": key})
+                resp = await self.http.post(entry + API, json=body, headers={"Idempotency-Key": key})
             except httpx.HTTPError as exc:
                 self._failed(f"submit {type(exc).__name__}")
+                self.tally.note("submit", key=key, entry=entry, error=type(exc).__name__)
                 await asyncio.sleep(0.2)
                 continue
+            self._journal_submit(key, entry, resp)
             if resp.status_code == 202:
                 self.tally.ids.setdefault(key, set()).add(resp.json()["data"]["task_id"])
                 # ask again once more, through any entry point: a second id would be a duplicate
@@ -321,6 +337,17 @@ class Client:
                     continue
                 return
             await asyncio.sleep(self._classify(resp, "submit"))
+
+    def _journal_submit(self, key: str, entry: str, resp: httpx.Response) -> None:
+        """One submit answer: its status, task id, whether the outbox took it (degraded), request id, replay."""
+        try:
+            data = resp.json().get("data") or {}
+        except ValueError:
+            data = {}
+        self.tally.note("submit", key=key, entry=entry, status=resp.status_code, task_id=data.get("task_id"),
+                        degraded=bool(data.get("degraded")), request_id=resp.headers.get("x-request-id"),
+                        replayed=resp.headers.get("idempotent-replayed") == "true",
+                        error=None if resp.status_code < 400 else resp.text[:200])
 
     async def wait_terminal(self, task_id: str, deadline: float) -> None:
         while time.monotonic() < deadline:
@@ -336,12 +363,17 @@ class Client:
                 self.tally.last_seen[task_id] = status
                 if status == "COMPLETED":
                     self.tally.completed.add(task_id)
+                    self.tally.note("poll end", task_id=task_id, status=status)
                     return
                 if status in ("FAILED", "CANCELLED", "TIMEOUT"):
+                    self.tally.note("poll end", task_id=task_id, status=status, body=resp.text[:300])
                     return
                 await asyncio.sleep(1.0)
                 continue
             if resp.status_code == 404:
+                self.tally.note("poll end", task_id=task_id, status=404, entry=resp.request.url.host + ":" +
+                                str(resp.request.url.port), request_id=resp.headers.get("x-request-id"),
+                                body=resp.text[:300])
                 return  # forgotten: counted as lost
             await asyncio.sleep(self._classify(resp, "poll"))
 
@@ -352,6 +384,13 @@ Fault = Callable[[Any], Coroutine[Any, Any, float]]  # injects; returns the mono
 async def _later(seconds: float, action: Callable[[], object]) -> None:
     await asyncio.sleep(seconds)
     await asyncio.to_thread(action)
+    journal = _journal.get()
+    if journal is not None:
+        journal.note("fault", action=getattr(action, "__name__", repr(action)))
+
+
+# the run in progress (set in its fault's task), whose journal notes the faults as they happen
+_journal: contextvars.ContextVar[Tally | None] = contextvars.ContextVar("chaos_journal", default=None)
 
 
 @dataclass(frozen=True)
@@ -504,17 +543,17 @@ HEADER = ("| scenario | submitted | ids obtained | completed | lost | duplicated
 
 
 @contextlib.contextmanager
-def running_stack(make: Callable[[Path], Any]) -> Iterator[Any]:
-    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
-        stack = make(Path(tmp))
-        try:
-            yield stack.start()
-        finally:
-            stack.stop()
+def running_stack(make: Callable[[Path], Any], workdir: Path) -> Iterator[Any]:
+    stack = make(workdir)
+    try:
+        yield stack.start()
+    finally:
+        stack.stop()
 
 
 async def _drive(stack: AnyStack, fault: Fault, rate: float, seconds: float) -> tuple[Tally, float]:
     tally = Tally()
+    _journal.set(tally)
     client = Client(stack, tally)
     run = f"{time.time_ns():x}"
     submits = []
@@ -549,7 +588,16 @@ def _callbacks(stack: AnyStack, completed: set[str]) -> tuple[int | None, int | 
 
 def run_scenario(name: str, rate: float, seconds: float, fault_at: float) -> Outcome:
     scenario = _scenarios(fault_at)[name]
-    with running_stack(scenario.stack) as stack:
+    workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{name}-"))
+    try:
+        return _run_in(name, scenario, workdir, rate, seconds)
+    except BaseException:
+        print(f"chaos: {name} broke off; its logs are kept in {workdir}", file=sys.stderr, flush=True)
+        raise
+
+
+def _run_in(name: str, scenario: Scenario, workdir: Path, rate: float, seconds: float) -> Outcome:
+    with running_stack(scenario.stack, workdir) as stack:
         tally, fault_end = asyncio.run(_drive(stack, scenario.fault, rate, seconds))
         starts = _starts_by_process(stack.backend_logs())
         callbacks_lost, callbacks_duplicated, callback_note = _callbacks(stack, tally.completed)
@@ -584,9 +632,25 @@ def run_scenario(name: str, rate: float, seconds: float, fault_at: float) -> Out
         notes.append("readyz 503 with Retry-After while down" if readyz_503 else "a /readyz said ready while down")
     errors_after = [t for t in tally.error_times if t > fault_end]
     recovery = max(errors_after) - fault_end if errors_after and name != "baseline" else 0.0
+    failed = bool(lost or two_ids or ran_twice or tally.bad_5xx or readyz_503 is False
+                  or len(tally.ids) < tally.submitted)
+    if failed:
+        notes.append(f"logs kept in {workdir}")
+    _keep_or_remove(workdir, tally, failed)
     return Outcome(name, tally.submitted, len(tally.ids), len(considered & tally.completed), lost,
                    two_ids + ran_twice, rerun_after_kill, tally.bad_5xx, tally.unavailable, recovery,
                    callbacks_lost, callbacks_duplicated, readyz_503, "; ".join(notes))
+
+
+def _keep_or_remove(workdir: Path, tally: Tally, failed: bool) -> None:
+    """A failed run's directory (every process's log, the client's journal.jsonl) stays for the trace; said on
+    stderr. A clean run's goes."""
+    with open(workdir / "journal.jsonl", "w") as out:
+        out.writelines(json.dumps(event) + "\n" for event in tally.journal)
+    if failed:
+        print(f"chaos: logs of the failed run kept in {workdir}", file=sys.stderr, flush=True)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _starts_by_process(logs: list[str]) -> dict[str, list[tuple[int, int]]]:

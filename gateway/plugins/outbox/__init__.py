@@ -5,7 +5,9 @@ On a submit that fails with a connect error, timeout, open breaker or 502-504,
 `"degraded": true`; the gateway delivers it in order once the upstream is back
 (the task keeps its id; the upstream's create is idempotent by id).
 `mode: reject` answers 503 with `Retry-After` instead. On a status route the
-same plugin answers PENDING for a task still waiting in the outbox.
+same plugin answers PENDING for a task still waiting in the outbox, and asks the
+upstream once more when the upstream did not know a task that left the outbox lately:
+it was delivered in between.
 """
 from __future__ import annotations
 
@@ -148,6 +150,8 @@ class Outbox(PluginBase[OutboxSettings]):
                               self.settings.retry_after_sec)
 
     async def _status(self, ctx: RequestContext) -> GatewayResponse:
+        """The upstream's answer; PENDING (or FAILED) for a task the outbox holds, which the upstream does not
+        know yet."""
         task_id = ctx.params.get(self.settings.param, "")
         try:
             resp = await self.next(ctx)
@@ -161,6 +165,11 @@ class Outbox(PluginBase[OutboxSettings]):
             if item is not None:
                 resp.close()
                 return self._pending(item)
+            if await self.store.left_lately(task_id):
+                # delivered between the upstream's 404 and that look: a submission leaves the outbox only once
+                # the upstream has answered its create, so asked again now, the upstream has the task
+                resp.close()
+                return await self.next(ctx)
         return resp
 
     def _pending(self, item: OutboxItem) -> GatewayResponse:

@@ -22,6 +22,9 @@ from exports_common.redis_client import AnyRedis
 DUE_WINDOW = 100
 # how long a submission the upstream refused stays readable (as a FAILED task) on its status route
 REFUSED_KEEP_SEC = 7 * 86_400
+# how long the outbox remembers that a task left it (delivered or refused): far longer than any status read
+# takes, so a read whose upstream 404 came before the delivery learns to ask again (see `left_lately`)
+LEFT_KEEP_SEC = 600
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,11 @@ class OutboxStore(Protocol):
     async def defer(self, item: OutboxItem) -> None:
         """Store `item`'s new `deferrals` and `not_before`; it keeps its place in the order."""
 
-    async def remove(self, task_id: str) -> None: ...
+    async def remove(self, task_id: str) -> None:
+        """Take the item out of the order (delivered, or refused), remembered `LEFT_KEEP_SEC` for `left_lately`."""
+
+    async def left_lately(self, task_id: str) -> bool:
+        """Whether the item left the outbox within `LEFT_KEEP_SEC`: an upstream 404 read before then may be stale."""
 
     async def refuse(self, item: OutboxItem) -> None:
         """Take `item` (its `error` set) out of the order, kept `REFUSED_KEEP_SEC` for `find`."""
@@ -91,6 +98,7 @@ class SqliteOutbox:
         self.db.execute("CREATE INDEX IF NOT EXISTS outbox_by_tenant ON outbox (tenant)")
         self.db.execute("CREATE TABLE IF NOT EXISTS outbox_refused (task_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, "
                         "item TEXT NOT NULL, refused_at REAL NOT NULL)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS outbox_left (task_id TEXT PRIMARY KEY, left_at REAL NOT NULL)")
 
     async def put(self, item: OutboxItem) -> None:
         self.db.execute("INSERT OR IGNORE INTO outbox (task_id, tenant, item) VALUES (?,?,?)",
@@ -110,7 +118,13 @@ class SqliteOutbox:
             self.db.execute("DELETE FROM outbox_refused WHERE refused_at <= ?", (now - REFUSED_KEEP_SEC,))
             self.db.execute("INSERT OR REPLACE INTO outbox_refused (task_id, tenant, item, refused_at) "
                             "VALUES (?,?,?,?)", (item.task_id, item.tenant, item.to_json(), now))
-            self.db.execute("DELETE FROM outbox WHERE task_id = ?", (item.task_id,))
+            self._remove(item.task_id, now)
+
+    def _remove(self, task_id: str, now: float) -> None:
+        """Within the caller's transaction: out of the order, into the recently left."""
+        self.db.execute("DELETE FROM outbox_left WHERE left_at <= ?", (now - LEFT_KEEP_SEC,))
+        self.db.execute("INSERT OR REPLACE INTO outbox_left (task_id, left_at) VALUES (?,?)", (task_id, now))
+        self.db.execute("DELETE FROM outbox WHERE task_id = ?", (task_id,))
 
     async def oldest(self, now: float) -> OutboxItem | None:
         rows = self.db.execute("SELECT item FROM outbox ORDER BY seq LIMIT ?", (DUE_WINDOW,)).fetchall()
@@ -120,7 +134,14 @@ class SqliteOutbox:
         self.db.execute("UPDATE outbox SET item = ? WHERE task_id = ?", (item.to_json(), item.task_id))
 
     async def remove(self, task_id: str) -> None:
-        self.db.execute("DELETE FROM outbox WHERE task_id = ?", (task_id,))
+        with self.db:
+            self.db.execute("BEGIN")
+            self._remove(task_id, time.time())
+
+    async def left_lately(self, task_id: str) -> bool:
+        row = self.db.execute("SELECT 1 FROM outbox_left WHERE task_id = ? AND left_at > ?",
+                              (task_id, time.time() - LEFT_KEEP_SEC)).fetchone()
+        return row is not None
 
     async def size(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM outbox").fetchone()[0])
@@ -179,6 +200,9 @@ class RedisOutbox:
     def _refused_key(self, task_id: str) -> str:
         return f"{self.tag}:refused:{task_id}"
 
+    def _left_key(self, task_id: str) -> str:
+        return f"{self.tag}:left:{task_id}"
+
     async def refuse(self, item: OutboxItem) -> None:
         # written before the item leaves the order: a crash between the two delivers it again, and the
         # backend refuses it again
@@ -203,11 +227,15 @@ class RedisOutbox:
     async def remove(self, task_id: str) -> None:
         raw = await self.redis.hget(self.items, task_id)
         async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._left_key(task_id), b"1", ex=LEFT_KEEP_SEC)
             pipe.lrem(self.order, 1, task_id)
             pipe.hdel(self.items, task_id)
             if raw is not None:
                 pipe.srem(self._tenant_key(OutboxItem.from_json(raw).tenant), task_id)
             await pipe.execute()
+
+    async def left_lately(self, task_id: str) -> bool:
+        return bool(await self.redis.exists(self._left_key(task_id)))
 
     async def size(self) -> int:
         return int(await self.redis.llen(self.order))
