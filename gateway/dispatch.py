@@ -15,8 +15,9 @@ import time
 
 from opentelemetry.trace import INVALID_SPAN
 from redis.exceptions import RedisError
-from starlette.requests import ClientDisconnect, Request
-from starlette.types import Scope
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope
 
 from exports_common.connection_limits import HEADER_BYTES_BOUND
 from exports_common.errors import ApiError, ErrorKind, unavailable
@@ -64,8 +65,7 @@ def refuse_headers(runtime: Runtime, scope: Scope) -> GatewayResponse | None:
                                                                        f"{limit} bytes"))
 
 
-async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
-    scope = request.scope
+async def handle(runtime: Runtime, scope: Scope, receive: Receive) -> GatewayResponse:
     method, path = scope["method"], scope["path"]
     match = runtime.router.match(method, path)
     if isinstance(match, list):
@@ -78,12 +78,12 @@ async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
         upstream_path = match.upstream_path(path)
     except ApiError as exc:  # a dot segment
         return GatewayResponse.error(exc)
-    headers = request.headers
+    headers = Headers(scope=scope)
     # `in` before the lookup: Starlette's Headers.get raises and catches a KeyError for a header the request
     # does not carry, as most requests do not carry this one
     supplied = headers["x-request-id"] if "x-request-id" in headers else None  # noqa: SIM401 - see above
     ctx = RequestContext(
-        request=request, method=method, route_name=route.name, upstream=route.upstream,
+        scope=scope, receive=receive, headers=headers, method=method, route_name=route.name, upstream=route.upstream,
         upstream_path=upstream_path, params=match.params,
         request_id=supplied if supplied and _REQUEST_ID.match(supplied) else f"{random.getrandbits(128):032x}",
     )
