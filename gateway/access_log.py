@@ -16,11 +16,11 @@ log = logging.getLogger("gateway.access")
 def write(ctx: RequestContext, resp: GatewayResponse, seconds: float, trace_id: str,
           events: int | None = None) -> None:
     """`events`: for an event stream, written when it ends, how many events it sent (and `duration_ms` is its life)."""
-    client = ctx.request.scope.get("client")
+    client = ctx.scope.get("client")
     extra = {} if events is None else {"events": events}
     log.info("request", extra={**extra,
         "request_id": ctx.request_id, "trace_id": trace_id, "tenant": ctx.tenant, "route": ctx.route_name,
-        "method": ctx.method, "path": ctx.request.scope["path"], "status": resp.status,
+        "method": ctx.method, "path": ctx.scope["path"], "status": resp.status,
         "duration_ms": round(seconds * 1000, 3), "attempts": ctx.attempt, "cache": resp.header("x-cache"),
         "task_id": ctx.task_id or ctx.params.get("task_id"), "client": client[0] if client else None,
     })

@@ -10,7 +10,6 @@ import contextlib
 from typing import AsyncIterator
 
 from starlette.applications import Starlette
-from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from exports_common.envelope import exception_handlers
@@ -48,7 +47,7 @@ class Gateway:
         elif is_ops_path(scope["path"]):
             await self.ops_app(scope, receive, send)
         else:
-            await (await dispatch.handle(runtime, Request(scope, receive)))(scope, receive, send)
+            await (await dispatch.handle(runtime, scope, receive))(scope, receive, send)
 
 
 def create_app(config: GatewayConfig, config_path: str | None = None) -> Gateway:

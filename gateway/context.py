@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
+from starlette.types import Receive, Scope
 
 from exports_common.json_body import read_limited, too_large
 from gateway.response import GatewayResponse
@@ -19,7 +21,9 @@ from gateway.upstream import Timeouts
 
 @dataclass(slots=True)  # one per request: no per-instance dict
 class RequestContext:
-    request: Request
+    scope: Scope
+    receive: Receive
+    headers: Headers  # the request's (Starlette's, over the scope)
     method: str
     route_name: str
     upstream: str
@@ -52,6 +56,15 @@ class RequestContext:
     # a task's state the gateway already holds (a change pushed by the upstream's feed): a route's answer
     # view (gateway/answer_view.py) answers with it instead of calling the upstream
     held: Any = None
+    _request: Request | None = field(default=None, init=False, repr=False)
+
+    @property
+    def request(self) -> Request:
+        """Starlette's request (its body stream, query parameters), made the first time a plugin asks for it:
+        most requests need only the scope and the headers."""
+        if self._request is None:
+            self._request = Request(self.scope, self.receive)
+        return self._request
 
     async def read_body(self, limit: int) -> bytes:
         """The request body, read once whoever asks first; more than `limit` bytes is a 413.
@@ -60,7 +73,7 @@ class RequestContext:
         another having read it (or on the stream being still unread).
         """
         if self.body is None:
-            self.body = await read_limited(self.request.stream(), limit, self.request.headers.get("content-length"))
+            self.body = await read_limited(self.request.stream(), limit, self.headers.get("content-length"))
         elif len(self.body) > limit:
             raise too_large(limit)
         return self.body

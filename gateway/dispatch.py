@@ -15,8 +15,9 @@ import time
 
 from opentelemetry.trace import INVALID_SPAN
 from redis.exceptions import RedisError
-from starlette.requests import ClientDisconnect, Request
-from starlette.types import Scope
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope
 
 from exports_common.connection_limits import HEADER_BYTES_BOUND
 from exports_common.errors import ApiError, ErrorKind, unavailable
@@ -64,8 +65,7 @@ def refuse_headers(runtime: Runtime, scope: Scope) -> GatewayResponse | None:
                                                                        f"{limit} bytes"))
 
 
-async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
-    scope = request.scope
+async def handle(runtime: Runtime, scope: Scope, receive: Receive) -> GatewayResponse:
     method, path = scope["method"], scope["path"]
     match = runtime.router.match(method, path)
     if isinstance(match, list):
@@ -78,12 +78,12 @@ async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
         upstream_path = match.upstream_path(path)
     except ApiError as exc:  # a dot segment
         return GatewayResponse.error(exc)
-    headers = request.headers
+    headers = Headers(scope=scope)
     # `in` before the lookup: Starlette's Headers.get raises and catches a KeyError for a header the request
     # does not carry, as most requests do not carry this one
     supplied = headers["x-request-id"] if "x-request-id" in headers else None  # noqa: SIM401 - see above
     ctx = RequestContext(
-        request=request, method=method, route_name=route.name, upstream=route.upstream,
+        scope=scope, receive=receive, headers=headers, method=method, route_name=route.name, upstream=route.upstream,
         upstream_path=upstream_path, params=match.params,
         request_id=supplied if supplied and _REQUEST_ID.match(supplied) else f"{random.getrandbits(128):032x}",
     )
@@ -91,7 +91,7 @@ async def handle(runtime: Runtime, request: Request) -> GatewayResponse:
     started = time.perf_counter()
     with services.tracing.server(method, route.path, route.name, headers, scope.get("client")) as request_trace:
         request_ids_var.set(_LogIds(ctx.request_id, request_trace.trace_int, match.params.get("task_id")))
-        resp = await _run_chain(runtime, ctx, route.first_byte_deadline)
+        resp = await _run_chain(runtime, ctx, started)
         if request_trace.span is not INVALID_SPAN:  # an unsampled request's span records nothing: no call
             request_trace.span.set_attribute("http.response.status_code", resp.status)
     for name, value in ctx.response_headers.items():
@@ -126,13 +126,20 @@ class _LogIds:
         return self.request_id if key == "request_id" else self.task_id if key == "task_id" else None
 
 
-async def _run_chain(runtime: Runtime, ctx: RequestContext, within: float) -> GatewayResponse:
-    """The chain's answer, or an envelope for what went wrong; a chain that has not answered `within` seconds
-    (a plugin that never returns) is cancelled and answered 504."""
-    deadline = asyncio.timeout(within)
+async def _run_chain(runtime: Runtime, ctx: RequestContext, arrived: float) -> GatewayResponse:
+    """The chain's answer, or an envelope for what went wrong; a chain that has not answered within its route's
+    first-byte deadline of the request's arrival (a plugin that never returns) is cancelled and answered 504."""
+    watch = runtime.first_byte[ctx.route_name]
+    task = watch.enter(arrived)
     try:
-        async with deadline:
-            return await runtime.chains[ctx.route_name](ctx)
+        return await runtime.chains[ctx.route_name](ctx)
+    except asyncio.CancelledError:
+        if not watch.expired(task):
+            raise
+        log.warning("the request had no answer within its route's deadline; answered 504",
+                    extra={"route": ctx.route_name, "deadline_sec": watch.within})
+        return GatewayResponse.error(ApiError(ErrorKind.UPSTREAM_TIMEOUT, f"no answer within this route's "
+                                              f"{watch.within:g} s", data={"reason": "deadline"}))
     except ApiError as exc:
         return GatewayResponse.error(exc)
     except UpstreamError as exc:
@@ -143,16 +150,13 @@ async def _run_chain(runtime: Runtime, ctx: RequestContext, within: float) -> Ga
         log.warning("shared state unavailable; answered 503", extra={"route": ctx.route_name, "error": str(exc)})
         return GatewayResponse.error(store_unavailable(exc))
     except Exception as exc:
-        if isinstance(exc, TimeoutError) and deadline.expired():
-            log.warning("the request had no answer within its route's deadline; answered 504",
-                        extra={"route": ctx.route_name, "deadline_sec": within})
-            return GatewayResponse.error(ApiError(ErrorKind.UPSTREAM_TIMEOUT, f"no answer within this route's "
-                                                  f"{within:g} s", data={"reason": "deadline"}))
         if _client_went_away(exc):
             log.info("the client went away before its request was read", extra={"route": ctx.route_name})
             return GatewayResponse(CLIENT_CLOSED)
         log.exception("request failed inside the gateway", extra={"route": ctx.route_name})
         return GatewayResponse.error(ApiError(ErrorKind.INTERNAL))
+    finally:
+        watch.leave(task)
 
 
 def _client_went_away(exc: BaseException | None) -> bool:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Iterable, Literal
+from typing import Callable, Generic, Iterable, Literal, TypeVar
 
 import prometheus_client
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -60,20 +60,30 @@ def multiprocess_dir() -> str | None:
     return os.environ.get(METRICS_DIR_ENV) or None
 
 
-class Tally:
+Labelled = TypeVar("Labelled", prometheus_client.Counter, prometheus_client.Histogram)
+
+
+class _Children(Generic[Labelled]):
+    """A labelled prometheus_client metric, its children kept by label values (`labels()` once for each)."""
+
+    def __init__(self, metric: Labelled) -> None:
+        self.metric: Labelled = metric
+        self.children: dict[tuple[str, ...], Labelled] = {}
+
+    def child(self, values: tuple[str, ...]) -> Labelled:
+        found = self.children.get(values)
+        if found is None:
+            found = self.children[values] = self.metric.labels(*values)
+        return found
+
+
+class Tally(_Children[prometheus_client.Counter]):
     """A monotonic counter keyed by label values (a prometheus_client Counter)."""
 
     def __init__(self, name: str, labels: tuple[str, ...], description: str, registry: CollectorRegistry) -> None:
+        super().__init__(prometheus_client.Counter(name, description, labels, registry=registry))
         self.name = name
         self.labels = labels
-        self.counter = prometheus_client.Counter(name, description, labels, registry=registry)
-        self.children: dict[tuple[str, ...], prometheus_client.Counter] = {}
-
-    def child(self, values: tuple[str, ...]) -> prometheus_client.Counter:
-        found = self.children.get(values)
-        if found is None:
-            found = self.children[values] = self.counter.labels(*values)
-        return found
 
     def add(self, *values: str, amount: int = 1) -> None:
         self.child(values).inc(amount)
@@ -83,23 +93,16 @@ class Tally:
 
     def total(self, **match: str) -> int:
         """This process's count over every series whose labels match."""
-        return int(sum(sample.value for family in self.counter.collect() for sample in family.samples
+        return int(sum(sample.value for family in self.metric.collect() for sample in family.samples
                        if sample.name.endswith("_total")
                        and all(sample.labels.get(k) == v for k, v in match.items())))
 
 
-class LatencyHistogram:
+class LatencyHistogram(_Children[prometheus_client.Histogram]):
     """Seconds in Prometheus histogram buckets, keyed by label values (a prometheus_client Histogram)."""
 
     def __init__(self, name: str, labels: tuple[str, ...], description: str, registry: CollectorRegistry) -> None:
-        self.histogram = prometheus_client.Histogram(name, description, labels, registry=registry, buckets=BOUNDS)
-        self.children: dict[tuple[str, ...], prometheus_client.Histogram] = {}
-
-    def child(self, values: tuple[str, ...]) -> prometheus_client.Histogram:
-        found = self.children.get(values)
-        if found is None:
-            found = self.children[values] = self.histogram.labels(*values)
-        return found
+        super().__init__(prometheus_client.Histogram(name, description, labels, registry=registry, buckets=BOUNDS))
 
     def record(self, seconds: float, *values: str) -> None:
         self.child(values).observe(seconds)

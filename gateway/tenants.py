@@ -61,7 +61,7 @@ class TenantDirectory:
     def caller(self, ctx: RequestContext) -> str | None:
         """The tenant the request's Authorization header names; the key is hashed once per request at most."""
         if not ctx.caller_resolved:
-            header = ctx.request.headers.get("authorization")
+            header = ctx.headers.get("authorization")
             ctx.caller = self.bearer(header.encode("latin-1")) if header else None
             ctx.caller_resolved = True
         return ctx.caller

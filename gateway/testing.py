@@ -128,7 +128,8 @@ class PluginHarness:
         if body:
             sent["content-length"] = str(len(body))
         seen = len(self.recorder.seen)
-        resp = await dispatch.handle(self.runtime, _request(method, path, sent, body, client))
+        request = _request(method, path, sent, body, client)
+        resp = await dispatch.handle(self.runtime, request.scope, request.receive)
         content = await resp.read()
         reached = self.recorder.seen[seen] if len(self.recorder.seen) > seen else None
         return Exchange(resp.status, dict(resp.headers), content, reached)

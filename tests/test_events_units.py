@@ -87,7 +87,8 @@ async def test_the_status_views_plugins_shape_a_held_state_and_its_gatekeepers_s
     async with PluginHarness(plugins, tenants={"acme": "key-a"}) as gw:
         view = RouteViews(gw.runtime.config, gw.services).get("test")
         # no Authorization header: auth, had it run, would refuse it
-        origin = RequestContext(_request("GET", f"/test/{task_id}", {}, b"", "127.0.0.1"), "GET", "test",
+        request = _request("GET", f"/test/{task_id}", {}, b"", "127.0.0.1")
+        origin = RequestContext(request.scope, request.receive, request.headers, "GET", "test",
                                 "upstream", "/", {"rest": task_id}, "request-1", tenant="acme")
         held = {"task_id": task_id, "status": "COMPLETED",
                 "result": {"download_url": "/x", "expire_at": "2030-01-01T00:00:00Z"}}

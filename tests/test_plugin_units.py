@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable
 import pytest
 from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from starlette.requests import Request
+from starlette.datastructures import Headers
 
 from exports_common.otel import TracingConfig
 from exports_common.signing import DownloadSigner
@@ -71,8 +71,9 @@ def context(method: str = "GET", body: bytes = b"", params: dict[str, str] | Non
         return {"type": "http.request", "body": body, "more_body": False}
 
     scope = {"type": "http", "method": method, "path": "/s", "headers": [], "query_string": b""}
-    return RequestContext(request=Request(scope, receive), method=method, route_name="submit",
-                          upstream="exports", upstream_path="/s", params=params or {}, request_id="r", **fields)
+    return RequestContext(scope=scope, receive=receive, headers=Headers(scope=scope), method=method,
+                          route_name="submit", upstream="exports", upstream_path="/s", params=params or {},
+                          request_id="r", **fields)
 
 
 def plugin(name: str, settings: dict[str, Any], upstream: Upstream, svc: Services) -> Plugin:

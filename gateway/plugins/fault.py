@@ -42,7 +42,7 @@ class Fault(PluginBase[FaultSettings]):
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         s = self.settings
-        if s.header is not None and s.header not in ctx.request.headers:
+        if s.header is not None and s.header not in ctx.headers:
             return await self.next(ctx)
         if s.delay is not None and random.uniform(0, 100) < s.delay.percentage:
             await asyncio.sleep(s.delay.seconds)

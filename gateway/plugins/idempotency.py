@@ -170,7 +170,7 @@ class Idempotency(PluginBase[IdempotencySettings]):
         return {"idempotency_keys": _store(services).size()}
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        key = ctx.request.headers.get(self.settings.header)
+        key = ctx.headers.get(self.settings.header)
         if key is None:
             return await self.next(ctx)
         if not _valid_key(key):

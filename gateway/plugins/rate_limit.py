@@ -47,7 +47,7 @@ class RateLimit(PluginBase[RateLimitSettings]):
         tenants = services.tenants
         tenant = tenants.caller(ctx)
         if tenant is None:
-            refused = await check_address(services, ctx.request.scope)
+            refused = await check_address(services, ctx.scope)
             return refused if refused is not None else await self.next(ctx)
         limits = tenants.limits.by_tenant[tenant]  # limits_of's lookup, without its call
         quota = limits.submits if self.submits else limits.requests

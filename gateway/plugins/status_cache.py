@@ -83,6 +83,7 @@ class StatusCache(PluginBase[StatusCacheSettings]):
         self.lookups = _lookups(services)
         for result in ("hit", "miss", "coalesced"):
             self.lookups.seed(self.route, result)
+        self.hits = self.lookups.child((self.route, "hit"))  # the counter a hit adds to, found once
         self._in_flight: dict[str, asyncio.Future[bytes]] = {}
         # key -> (the stored bytes it was decoded from, the answer): valid while the store returns those bytes
         self._decoded: dict[str, tuple[bytes, GatewayResponse]] = {}
@@ -111,7 +112,7 @@ class StatusCache(PluginBase[StatusCacheSettings]):
                 self.lookups.add(self.route, "coalesced")
                 return _answer(filled[0], "MISS")
         if raw is not None:
-            self.lookups.add(self.route, "hit")
+            self.hits.inc()
             decoded = self._decoded.get(key)
             if decoded is None or decoded[0] != raw:
                 decoded = self._decode(key, raw)

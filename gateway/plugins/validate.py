@@ -79,7 +79,7 @@ class Validate(PluginBase[ValidateSettings]):
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         s = self.settings
-        headers = ctx.request.headers
+        headers = ctx.headers
         body = await ctx.read_body(s.max_body_bytes)
         value = parse_json(body, headers.get("content-type"), s.max_depth)
         shape = check_submit_body(value, s.export_types, s.max_timeout_sec, s.default_timeout_sec,

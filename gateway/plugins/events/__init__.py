@@ -150,7 +150,7 @@ class Events(PluginBase[EventsSettings]):
         member = await self.hubs.cap.acquire(tenant, limits.by_tenant[tenant].max_open_streams,
                                              limits.gateway_processes)
         sub = Subscriber(tenant, ctx.task_id if self.settings.scope == "task" else None, self.route, self.view, ctx,
-                         self.services.trusted_proxies.link_base(ctx.request.scope, self.services.public_base_url),
+                         self.services.trusted_proxies.link_base(ctx.scope, self.services.public_base_url),
                          self.settings.max_buffered_bytes)
         if sub.task_id is None:
             sub.active_tasks = lambda: self._active(ctx)
@@ -254,6 +254,6 @@ class Events(PluginBase[EventsSettings]):
 
 
 def _last_event_id(ctx: RequestContext) -> str | None:
-    value = ctx.request.headers.get("last-event-id")
+    value = ctx.headers.get("last-event-id")
     return value if value is not None and EVENT_ID.fullmatch(value) else None
 
