@@ -29,8 +29,8 @@ class ListQuery(NamedTuple):  # one per list call: a tuple is made in one call, 
     def encode(self) -> str:
         """The query string to send upstream: only the checked parameters. Each value was checked to be a
         status name, digits or the cursor's base64url alphabet, none of which needs escaping."""
-        pairs = [("status", self.status), ("limit", str(self.limit)), ("cursor", self.cursor)]
-        return "&".join([f"{k}={v}" for k, v in pairs if v is not None])
+        query = f"limit={self.limit}" if self.status is None else f"status={self.status}&limit={self.limit}"
+        return query if self.cursor is None else f"{query}&cursor={self.cursor}"
 
 
 def query_pairs(raw: str) -> list[tuple[str, str]]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable, Literal
+from typing import Any, Awaitable, Callable, Coroutine, Literal
 
 from exports_common.errors import unavailable
 from gateway.response import GatewayResponse
@@ -175,9 +175,19 @@ class Breakers:
         return breaker
 
 
-async def guarded(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse]],
-                  failure_statuses: frozenset[int], tenant: str | None = None) -> GatewayResponse:
-    """Make `call` through the upstream's breaker and the tenant's: either open answers at once."""
+def guarded(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse]],
+            failure_statuses: frozenset[int], tenant: str | None = None) -> Coroutine[Any, Any, GatewayResponse]:
+    """`call` made through the upstream's breaker and the tenant's, to await: either open answers at once."""
+    if breaker.state == "closed":
+        own = breaker.of_tenant(tenant)
+        if own.state == "closed":  # neither refuses nor wants a trial: the call alone, with no coroutine around it
+            return _through(breaker, own, call, failure_statuses)
+    return _admitted(breaker, call, failure_statuses, tenant)
+
+
+async def _admitted(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse]],
+                    failure_statuses: frozenset[int], tenant: str | None) -> GatewayResponse:
+    """The call when a breaker is not closed: refused while open, else perhaps its trial."""
     shared_trial = breaker.admit()
     own = breaker.of_tenant(tenant)
     try:

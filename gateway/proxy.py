@@ -16,7 +16,7 @@ from gateway.context import RequestContext
 from gateway.headers import client_headers, upstream_headers
 from gateway.response import GatewayResponse
 from gateway.services import Services, Upstream
-from gateway.upstream import DEFAULT_MAX_ANSWER_BYTES, Endpoint, Timeouts, UpstreamError
+from gateway.upstream import DEFAULT_MAX_ANSWER_BYTES, Timeouts, UpstreamError
 
 # the socket timeouts, cut to the deadline, normally fire first; the deadline itself catches a slow drip
 DEADLINE_SLACK_SEC = 0.25
@@ -80,22 +80,6 @@ class Proxy:
         headers += self.upstream.auth
         return self.services.client.request(ctx.method, url, headers, body, timeouts)
 
-    async def _send_to(self, ctx: RequestContext, endpoint: Endpoint, url: str,
-                       body: bytes | LimitedBody | None) -> GatewayResponse:
-        """One try on one endpoint, telling its pool whether the connection could be made."""
-        pool = self.upstream.pool
-        endpoint.in_flight += 1
-        try:
-            resp = await self._send(ctx, url, body)
-        except UpstreamError as exc:
-            if exc.kind == "connect_error":
-                pool.connect_failed(endpoint)
-            raise
-        finally:
-            endpoint.in_flight -= 1
-        pool.connected(endpoint)
-        return resp
-
     def _span_attributes(self, ctx: RequestContext, url: str) -> dict[str, Any]:
         """What an SRE reads on an upstream try's span: which try, the breaker, why the last one was retried."""
         breaker = self.services.breakers.by_upstream.get(self.breaker) if self.breaker is not None else None
@@ -108,26 +92,32 @@ class Proxy:
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         query = ctx.request.scope["query_string"].decode("latin-1") if ctx.query is None else ctx.query
-        endpoint = self.upstream.pool.pick()
+        pool = self.upstream.pool
+        endpoint = pool.pick()
         url = f"{endpoint.url}{ctx.upstream_path}" + (f"?{query}" if query else "")
         body = self._body(ctx)
+        metrics = self.services.metrics
         started = time.perf_counter()
         with self.services.tracing.client(f"upstream {self.upstream.name}",
                                           lambda: self._span_attributes(ctx, url)) as span:
+            endpoint.in_flight += 1
             try:
-                resp = await self._send_to(ctx, endpoint, url, body)
+                resp = await self._send(ctx, url, body)
             except Exception as exc:
+                if isinstance(exc, UpstreamError) and exc.kind == "connect_error":  # the endpoint's pool is told
+                    pool.connect_failed(endpoint)
                 if isinstance(body, LimitedBody) and body.exceeded:
                     raise too_large(self.max_body_bytes) from exc
                 span.set_status(trace.StatusCode.ERROR, str(exc))
                 outcome = exc.kind if isinstance(exc, UpstreamError) else type(exc).__name__
-                self.services.metrics.upstream_calls.add(self.upstream.name, ctx.route_name, outcome)
+                metrics.upstream_calls.add(self.upstream.name, ctx.route_name, outcome)
                 raise
             finally:
-                self.services.metrics.upstream_duration.record(time.perf_counter() - started,
-                                                               self.upstream.name, ctx.route_name)
+                endpoint.in_flight -= 1
+                metrics.upstream_duration.record(time.perf_counter() - started, self.upstream.name, ctx.route_name)
+            pool.connected(endpoint)  # a call reached it
             span.set_attribute("http.response.status_code", resp.status)
-        self.services.metrics.upstream_calls.add(self.upstream.name, ctx.route_name, str(resp.status))
+        metrics.upstream_calls.add(self.upstream.name, ctx.route_name, str(resp.status))
         resp.headers = client_headers(resp.headers)
         resp.max_read = self.max_answer_bytes
         return resp

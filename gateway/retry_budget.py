@@ -29,11 +29,13 @@ class RetryBudget:
 
     def _bucket(self) -> list[int]:
         now = int(time.monotonic())
-        while self._window and self._window[0][0] <= now - WINDOW_SEC:
-            self._window.popleft()
-        if not self._window or self._window[-1][0] != now:
-            self._window.append([now, 0, 0])
-        return self._window[-1]
+        window = self._window
+        if window and window[-1][0] == now:  # this second's: the older ones were dropped when it began
+            return window[-1]
+        while window and window[0][0] <= now - WINDOW_SEC:
+            window.popleft()
+        window.append([now, 0, 0])
+        return window[-1]
 
     def request_started(self) -> None:
         self._bucket()[1] += 1

@@ -21,7 +21,7 @@ each try is one call it judges.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Awaitable, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -105,5 +105,6 @@ class CircuitBreaker:
         for state in STATES:  # zero from the start, for an alert's rate()
             services.metrics.breaker_transitions.seed(use.name, state)
 
-    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        return await guarded(self.breaker, lambda: self.next(ctx), self.failures, ctx.tenant)
+    def __call__(self, ctx: RequestContext) -> Awaitable[GatewayResponse]:
+        """The call through the breaker, to await (an open breaker refuses at once, here)."""
+        return guarded(self.breaker, lambda: self.next(ctx), self.failures, ctx.tenant)
