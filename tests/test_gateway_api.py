@@ -341,7 +341,10 @@ def test_a_request_without_traceparent_starts_a_trace_upstream(stack: Stack) -> 
 
 
 def test_ops_endpoints(stack: Stack) -> None:
+    task_id = stack.submit({"export_type": "report_export"}).json()["data"]["task_id"]
+    stack.wait(task_id)  # a finished task: its next poll is a cache hit, which /admin/stats counts
     with stack.client() as c:
+        assert c.get(f"{API}/{task_id}").headers["x-cache"] == "HIT"
         assert c.get(API, params={"limit": 1}).status_code == 200  # one proxied call, timed both ways
     with stack.client(None) as c:
         assert c.get("/healthz").json()["data"]["status"] == "ok"
