@@ -47,8 +47,8 @@ class AnswerView:
                held: dict[str, Any] | None) -> Awaitable[GatewayResponse]:
         """The route's answer for `task_id`, from `held` or from the upstream."""
         params = {self.param: task_id}
-        ctx = RequestContext(origin.scope, origin.receive, origin.headers, "GET", origin.route_name, self.upstream,
-                             fill(self.rewrite, params), params, origin.request_id,
+        ctx = RequestContext(origin.scope, origin.receive, origin.header_values, "GET", origin.route_name,
+                             self.upstream, fill(self.rewrite, params), params, origin.request_id,
                              upstream_headers=dict(origin.upstream_headers), query="",
                              tenant=origin.tenant, caller=origin.caller, caller_resolved=origin.caller_resolved,
                              task_id=task_id, held=held)

@@ -19,11 +19,19 @@ from gateway.response import GatewayResponse
 from gateway.upstream import Timeouts
 
 
+def first_values(scope: Scope) -> dict[bytes, bytes]:
+    """Each of the request's headers by name, its first value as sent (ASGI bytes, names in lower case): the
+    value Starlette's `Headers.get` answers."""
+    return dict(reversed(list(scope["headers"])))  # later pairs overwrite earlier ones: reversed, the first wins
+
+
 @dataclass(slots=True)  # one per request: no per-instance dict
 class RequestContext:
     scope: Scope
     receive: Receive
-    headers: Headers  # the request's (Starlette's, over the scope)
+    # `first_values(scope)`: what the gateway itself reads of every request (the API key, the request and trace
+    # ids) is a dict lookup, and the `headers` mapping is made only for a plugin that asks for it
+    header_values: dict[bytes, bytes]
     method: str
     route_name: str
     upstream: str
@@ -57,6 +65,14 @@ class RequestContext:
     # view (gateway/answer_view.py) answers with it instead of calling the upstream
     held: Any = None
     _request: Request | None = field(default=None, init=False, repr=False)
+    _headers: Headers | None = field(default=None, init=False, repr=False)
+
+    @property
+    def headers(self) -> Headers:
+        """The request's headers (Starlette's, over the scope), made the first time a plugin asks for them."""
+        if self._headers is None:
+            self._headers = Headers(scope=self.scope)
+        return self._headers
 
     @property
     def request(self) -> Request:

@@ -15,7 +15,6 @@ import time
 
 from opentelemetry.trace import INVALID_SPAN
 from redis.exceptions import RedisError
-from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope
 
@@ -24,7 +23,7 @@ from exports_common.errors import ApiError, ErrorKind, unavailable
 from exports_common.jsonlog import request_ids_var
 from exports_common.redis_client import store_unavailable
 from gateway import access_log
-from gateway.context import RequestContext
+from gateway.context import RequestContext, first_values
 from gateway.response import GatewayResponse
 from gateway.runtime import Runtime
 from gateway.upstream import AnswerTooLarge, UpstreamError
@@ -78,18 +77,18 @@ async def handle(runtime: Runtime, scope: Scope, receive: Receive) -> GatewayRes
         upstream_path = match.upstream_path(path)
     except ApiError as exc:  # a dot segment
         return GatewayResponse.error(exc)
-    headers = Headers(scope=scope)
-    # `in` before the lookup: Starlette's Headers.get raises and catches a KeyError for a header the request
-    # does not carry, as most requests do not carry this one
-    supplied = headers["x-request-id"] if "x-request-id" in headers else None  # noqa: SIM401 - see above
+    values = first_values(scope)
+    supplied = values.get(b"x-request-id", b"").decode("latin-1")
     ctx = RequestContext(
-        scope=scope, receive=receive, headers=headers, method=method, route_name=route.name, upstream=route.upstream,
-        upstream_path=upstream_path, params=match.params,
+        scope=scope, receive=receive, header_values=values, method=method, route_name=route.name,
+        upstream=route.upstream, upstream_path=upstream_path, params=match.params,
         request_id=supplied if supplied and _REQUEST_ID.match(supplied) else f"{random.getrandbits(128):032x}",
     )
     services = runtime.services
     started = time.perf_counter()
-    with services.tracing.server(method, route.path, route.name, headers, scope.get("client")) as request_trace:
+    # the headers mapping only for a request that continues a trace: most do not
+    parent = ctx.headers if b"traceparent" in values else None
+    with services.tracing.server(method, route.path, route.name, parent, scope.get("client")) as request_trace:
         request_ids_var.set(_LogIds(ctx.request_id, request_trace.trace_int, match.params.get("task_id")))
         resp = await _run_chain(runtime, ctx, started)
         if request_trace.span is not INVALID_SPAN:  # an unsampled request's span records nothing: no call

@@ -61,8 +61,8 @@ class TenantDirectory:
     def caller(self, ctx: RequestContext) -> str | None:
         """The tenant the request's Authorization header names; the key is hashed once per request at most."""
         if not ctx.caller_resolved:
-            header = ctx.headers.get("authorization")
-            ctx.caller = self.bearer(header.encode("latin-1")) if header else None
+            header = ctx.header_values.get(b"authorization")
+            ctx.caller = self.bearer(header) if header else None
             ctx.caller_resolved = True
         return ctx.caller
 

@@ -126,8 +126,9 @@ class Tracing:
         # a new trace records when its id's low 64 bits are under this bound
         self.bound = otel.new_trace_bound(config) if self.processor is not None else 0
 
-    def _client_context(self, headers: Mapping[str, str], client: tuple[str, int] | None) -> SpanContext | None:
-        parent = _remote(headers)
+    def _client_context(self, headers: Mapping[str, str] | None, client: tuple[str, int] | None
+                        ) -> SpanContext | None:
+        parent = _remote(headers) if headers is not None else None
         if parent is None:
             return None
         if self.config.sampler.startswith("parentbased") and self.config.trusts(client[0] if client else None):
@@ -135,9 +136,10 @@ class Tracing:
         return SpanContext(parent.trace_id, parent.span_id, is_remote=True, trace_state=parent.trace_state,
                            trace_flags=_SAMPLED if parent.trace_id & _LOW_64 < self.bound else _NOT_SAMPLED)
 
-    def server(self, method: str, route: str, route_name: str, headers: Mapping[str, str],
+    def server(self, method: str, route: str, route_name: str, headers: Mapping[str, str] | None,
                client: tuple[str, int] | None = None) -> ServerTrace:
-        """The request's trace, to be entered for as long as it is served.
+        """The request's trace, to be entered for as long as it is served; `headers` are the request's when it
+        may continue a client's trace (None: it carries no traceparent).
 
         The span's name and attributes are made only for a request that is recorded.
         """

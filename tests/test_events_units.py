@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from exports_client import sse
-from gateway.context import RequestContext
+from gateway.context import RequestContext, first_values
 from gateway.plugins.events.subscriber import Rendered, Subscriber, newer
 from gateway.runtime import RouteViews
 from gateway.testing import PluginHarness, _request
@@ -88,7 +88,7 @@ async def test_the_status_views_plugins_shape_a_held_state_and_its_gatekeepers_s
         view = RouteViews(gw.runtime.config, gw.services).get("test")
         # no Authorization header: auth, had it run, would refuse it
         request = _request("GET", f"/test/{task_id}", {}, b"", "127.0.0.1")
-        origin = RequestContext(request.scope, request.receive, request.headers, "GET", "test",
+        origin = RequestContext(request.scope, request.receive, first_values(request.scope), "GET", "test",
                                 "upstream", "/", {"rest": task_id}, "request-1", tenant="acme")
         held = {"task_id": task_id, "status": "COMPLETED",
                 "result": {"download_url": "/x", "expire_at": "2030-01-01T00:00:00Z"}}

@@ -15,14 +15,13 @@ from typing import Any, Awaitable, Callable
 import pytest
 from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from starlette.datastructures import Headers
 
 from exports_common.otel import TracingConfig
 from exports_common.signing import DownloadSigner
 from gateway import telemetry
 from gateway.breakers import Breakers
 from gateway.config import GatewayConfig, RouteConfig
-from gateway.context import RequestContext
+from gateway.context import RequestContext, first_values
 from gateway.limiter import Limiter
 from gateway.plugins import PLUGINS
 from gateway.plugins.base import Plugin, RouteInfo
@@ -71,7 +70,7 @@ def context(method: str = "GET", body: bytes = b"", params: dict[str, str] | Non
         return {"type": "http.request", "body": body, "more_body": False}
 
     scope = {"type": "http", "method": method, "path": "/s", "headers": [], "query_string": b""}
-    return RequestContext(scope=scope, receive=receive, headers=Headers(scope=scope), method=method,
+    return RequestContext(scope=scope, receive=receive, header_values=first_values(scope), method=method,
                           route_name="submit", upstream="exports", upstream_path="/s", params=params or {},
                           request_id="r", **fields)
 

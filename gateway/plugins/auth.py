@@ -34,7 +34,7 @@ class Auth(PluginBase[AuthSettings]):
         # the tenant first: rate_limit has usually resolved it, and a valid key needs no second header lookup
         tenant = self.services.tenants.caller(ctx)
         if tenant is None:
-            if ctx.headers.get("authorization") is not None:
+            if b"authorization" in ctx.header_values:
                 raise ApiError(ErrorKind.UNAUTHORIZED, "the API key is not valid", headers=_CHALLENGE)
             if self.required:
                 raise ApiError(ErrorKind.UNAUTHORIZED, headers=_CHALLENGE)
