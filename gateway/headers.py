@@ -39,7 +39,7 @@ def upstream_headers(ctx: RequestContext, trusted: TrustedProxies) -> list[tuple
     A name is judged with `_` read as `-`: servers such as uvicorn and WSGI ones fold
     `X_Tenant_Id` into `X-Tenant-Id`, so a client's underscore spelling must not slip by.
     """
-    scope = ctx.request.scope
+    scope = ctx.scope
     incoming = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
     drop = _dropped(incoming, _DROPPED_UPSTREAM)
     # a header the context sets replaces the client's (a call of the gateway's own sets its content-type)

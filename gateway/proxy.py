@@ -56,7 +56,7 @@ class Proxy:
             return ctx.body
         if ctx.method in ("GET", "HEAD", "DELETE", "OPTIONS"):
             return None
-        declared = ctx.request.headers.get("content-length")
+        declared = ctx.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise too_large(self.max_body_bytes)
         return LimitedBody(ctx.request.stream(), self.max_body_bytes)
@@ -91,7 +91,7 @@ class Proxy:
         return attributes
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        query = ctx.request.scope["query_string"].decode("latin-1") if ctx.query is None else ctx.query
+        query = ctx.scope["query_string"].decode("latin-1") if ctx.query is None else ctx.query
         pool = self.upstream.pool
         endpoint = pool.pick()
         url = f"{endpoint.url}{ctx.upstream_path}" + (f"?{query}" if query else "")

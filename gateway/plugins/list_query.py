@@ -24,6 +24,6 @@ class ListQuery(PluginBase[ListQuerySettings]):
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         # parsed as Starlette's query_params would be, without building its multi-dict for one pass
-        raw = ctx.request.scope["query_string"].decode("latin-1")
+        raw = ctx.scope["query_string"].decode("latin-1")
         ctx.query = check_list_query(query_pairs(raw)).encode()
         return await self.next(ctx)

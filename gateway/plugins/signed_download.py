@@ -37,7 +37,7 @@ class SignedDownload(PluginBase[SignedDownloadSettings]):
         doc = await resp.json() if resp.status in (200, 409) else None
         data = doc.get("data") if isinstance(doc, dict) else None
         if isinstance(data, dict):
-            base = self.services.trusted_proxies.link_base(ctx.request.scope, self.services.public_base_url)
+            base = self.services.trusted_proxies.link_base(ctx.scope, self.services.public_base_url)
             items = data.get("items")
             tasks = items if isinstance(items, list) else [data]
             if sum(self._sign(task, base) for task in tasks):
