@@ -55,9 +55,10 @@ class ServedConfig(uvicorn.Config):
         """`served`: the config as `run` read it, for what the listening socket needs (host and port);
         `worker_start_sec`: how long a worker may take to start, and to answer the supervisor's health check."""
         # no app yet: load() makes it from the config file it reads. proxy_headers off: which forwarding
-        # headers to believe is the app's decision (trusted_proxies), not uvicorn's, which believes any from loopback
+        # headers to believe is the app's decision (trusted_proxies), not uvicorn's, which believes any from loopback.
+        # server_header off: answers do not name the server software (and its version) to whoever asks
         super().__init__("", factory=True, host=served.host, port=served.port, workers=workers, log_config=None,
-                         access_log=False, lifespan="on", proxy_headers=False,
+                         access_log=False, lifespan="on", proxy_headers=False, server_header=False,
                          timeout_worker_healthcheck=worker_start_sec)
         self.source = source
 

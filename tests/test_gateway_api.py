@@ -87,6 +87,7 @@ def test_poll_miss_then_hit_and_retry_after_while_running(stack: Stack) -> None:
     assert first.json()["data"]["status"] == "CANCELLED"
     assert first.headers["x-cache"] == "MISS" and second.headers["x-cache"] == "HIT"
     assert second.json() == first.json() and "retry-after" not in second.headers
+    assert "server" not in second.headers and "date" in second.headers, "no server software named; a Date"
 
 
 def test_fifty_concurrent_pollers_make_one_backend_call(stack: Stack) -> None:
