@@ -5,15 +5,14 @@ the real services. GET /calls answers how many task reads it has received (count
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 
-import uvicorn
-import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from tests import stub_server
 
 counts = {"reads": 0}
 settings = {"delay_sec": 0.0}
@@ -44,10 +43,6 @@ async def healthz(request: Request) -> JSONResponse:
 app = Starlette(routes=[Route("/healthz", healthz), Route("/calls", calls), Route("/exports/{task_id}", task)])
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["run"])
-    parser.add_argument("--config", required=True)
-    args = parser.parse_args()
-    config = yaml.safe_load(open(args.config))
+    config = stub_server.config_from_args()
     settings["delay_sec"] = float(config.get("delay_sec", 0.0))
-    uvicorn.run(app, host="127.0.0.1", port=config["port"], log_level="warning")
+    stub_server.serve(app, config)

@@ -4,14 +4,12 @@ Run as `python -m tests.echo_upstream run --config FILE` (the file names the por
 """
 from __future__ import annotations
 
-import argparse
-
-import uvicorn
-import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from tests import stub_server
 
 
 async def echo(request: Request) -> JSONResponse:
@@ -29,9 +27,4 @@ async def healthz(request: Request) -> JSONResponse:
 app = Starlette(routes=[Route("/healthz", healthz), Route("/{path:path}", echo, methods=["GET", "POST", "PUT"])])
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["run"])
-    parser.add_argument("--config", required=True)
-    args = parser.parse_args()
-    port = yaml.safe_load(open(args.config))["port"]
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    stub_server.serve(app, stub_server.config_from_args())

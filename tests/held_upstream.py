@@ -9,16 +9,15 @@ the real services. Everything is forwarded to the backend, except while a test s
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 
 import httpx
-import uvicorn
-import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from tests import stub_server
 
 HOP_BY_HOP = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
 settings = {"upstream": ""}
@@ -74,10 +73,6 @@ app = Starlette(routes=[
 ])
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["run"])
-    parser.add_argument("--config", required=True)
-    args = parser.parse_args()
-    config = yaml.safe_load(open(args.config))
+    config = stub_server.config_from_args()
     settings["upstream"] = str(config["upstream"])
-    uvicorn.run(app, host="127.0.0.1", port=config["port"], log_level="warning")
+    stub_server.serve(app, config)

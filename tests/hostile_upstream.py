@@ -17,12 +17,11 @@ services. Each answer closes its connection. By the request's path:
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 from typing import Any
 
-import yaml
+from tests import stub_server
 
 STATE: dict[str, Any] = {"endless_open": 0, "endless_started": 0, "hanging": 0, "submits": {}, "answers": []}
 CREATED: dict[str, dict[str, Any]] = {}
@@ -127,8 +126,4 @@ async def main(port: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["run"])
-    parser.add_argument("--config", required=True)
-    args = parser.parse_args()
-    asyncio.run(main(yaml.safe_load(open(args.config))["port"]))
+    asyncio.run(main(stub_server.config_from_args()["port"]))
