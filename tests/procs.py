@@ -1,6 +1,7 @@
 """Real processes for the tests: the backend, the gateway and Redis, on free loopback ports."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import itertools
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import httpx
 import yaml
@@ -74,6 +75,27 @@ def wait_until(check: Callable[[], Any], timeout: float = 15.0, interval: float 
             last_error = exc
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what} (last error: {last_error})")
+
+
+@contextlib.contextmanager
+def stand_in(command: list[str], port: int, what: str, ready_path: str = "/healthz",
+             env: dict[str, str] | None = None, log: Path | None = None) -> Iterator[str]:
+    """A test's stand-in server, `command` listening on `port` (run from the project root, its output to `log`
+    or nowhere): its URL once `ready_path` answers 200, the process stopped at the end."""
+    with open(log, "ab") if log is not None else open(os.devnull, "wb") as out:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: httpx.get(f"{url}{ready_path}", timeout=1).status_code == 200, 20, what=what)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def uvicorn_command(app: str, port: int) -> list[str]:
+    """uvicorn serving the ASGI app `app` ("module:attribute") on loopback at `port`."""
+    return [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

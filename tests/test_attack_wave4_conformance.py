@@ -8,27 +8,18 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from gateway.conformance import REQUIRED
-from tests.procs import ROOT, free_port, wait_until
+from tests.procs import ROOT, free_port, stand_in, uvicorn_command
 
 
 @pytest.fixture
 def hostile(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     port = free_port()
-    with open(tmp_path / "hostile.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "tests.hostile_task_service:app", "--host",
-                                 "127.0.0.1", "--port", str(port), "--log-level", "warning"], cwd=ROOT, stdout=log,
-                                stderr=subprocess.STDOUT, env={"SHAPE": request.param, "PATH": "/usr/bin:/bin"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, 20, what="the hostile service")
+    with stand_in(uvicorn_command("tests.hostile_task_service:app", port), port, "the hostile service",
+                  env={"SHAPE": request.param, "PATH": "/usr/bin:/bin"}, log=tmp_path / "hostile.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def conformance(upstream: str) -> subprocess.CompletedProcess[str]:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -18,7 +16,7 @@ import pytest
 from exports_client import ExportsClient, WaitTimeout
 from exports_client.aio import AsyncExportsClient
 from exports_client.sse import MAX_LINE_BYTES, BrokenStream, LineSplitter
-from tests.procs import ROOT, free_port, wait_until
+from tests.procs import free_port, stand_in, uvicorn_command
 
 TASK_ID = "exp-20260101-aaaaaaaaaaaaaaaaaaaa"
 RETRIES = 1
@@ -27,16 +25,9 @@ RETRIES = 1
 @pytest.fixture
 def hostile(request: pytest.FixtureRequest) -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "tests.hostile_event_stream:app", "--host", "127.0.0.1",
-                             "--port", str(port), "--log-level", "warning"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "STREAM": request.param})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: httpx.get(f"{url}/stats", timeout=1).status_code == 200, 20, what="the hostile stream")
+    with stand_in(uvicorn_command("tests.hostile_event_stream:app", port), port, "the hostile stream",
+                  ready_path="/stats", env={**os.environ, "STREAM": request.param}) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def counts(url: str) -> dict[str, int]:

@@ -4,7 +4,6 @@ a clear error, the task ends FAILED after its attempts, the backend stays well (
 client's limits) and logs no traceback."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 
 from tests.conftest import backend_config
 from tests.helpers import backend_create, wait_status
-from tests.procs import ROOT, Service, free_port, wait_until
+from tests.procs import Service, free_port, stand_in
 
 KINDS = ("not_http", "header_flood", "short", "bad_chunks")
 
@@ -22,15 +21,8 @@ KINDS = ("not_http", "header_flood", "short", "bad_chunks")
 @pytest.fixture
 def garbage() -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.garbage_endpoint", str(port)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, 20, what="the endpoint")
+    with stand_in([sys.executable, "-m", "tests.garbage_endpoint", str(port)], port, "the endpoint") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.fixture

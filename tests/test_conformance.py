@@ -21,7 +21,7 @@ from backend_stub.app import create_app
 from backend_stub.config import BackendConfig
 from exports_common.config_loader import load_model
 from tests.conftest import backend_config
-from tests.procs import ROOT, SERVICE_TOKEN, Service, backend_headers, free_port, wait_until
+from tests.procs import ROOT, SERVICE_TOKEN, Service, backend_headers, free_port, stand_in, uvicorn_command
 
 CONTRACT = ROOT / "docs" / "backend-teams" / "upstream-openapi.yaml"
 TASK_ID = "exp-20261201-aaaaaaaaaaaaaaaaaaaa"
@@ -41,19 +41,10 @@ def backend(module_services: Callable[..., Service], tmp_path_factory: pytest.Te
 @pytest.fixture
 def broken(backend: Service, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     port = free_port()
-    log = open(tmp_path / "broken.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "tests.broken_backend:app", "--host", "127.0.0.1",
-                             "--port", str(port), "--log-level", "warning"], cwd=ROOT, stdout=log,
-                            stderr=subprocess.STDOUT, env={"BREAK": request.param, "UPSTREAM": backend.url,
-                                                           "PATH": "/usr/bin:/bin"})
-    log.close()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, 20, what="the broken backend")
+    env = {"BREAK": request.param, "UPSTREAM": backend.url, "PATH": "/usr/bin:/bin"}
+    with stand_in(uvicorn_command("tests.broken_backend:app", port), port, "the broken backend", env=env,
+                  log=tmp_path / "broken.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def lines(out: str, verdict: str) -> list[str]:
