@@ -49,6 +49,15 @@ def _stack(workdir: Path, **ports: int) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
+def _read_until(stack: subprocess.Popen[str], banner: str) -> None:
+    """Read the stack's output up to the line holding `banner`; it must come before the stack exits."""
+    assert stack.stdout is not None
+    line = "-"
+    while line and banner not in line:
+        line = stack.stdout.readline()  # an empty line: the stack exited
+    assert line, f"the stack exited without its banner: {stack.stderr.read() if stack.stderr else ''}"
+
+
 @pytest.mark.inprocess
 def test_a_taken_port_fails_before_anything_starts_naming_the_port(old_instance: int, tmp_path: Path) -> None:
     stack = _stack(tmp_path, GATEWAY_PORT=old_instance, BACKEND_PORT=free_port())
@@ -69,13 +78,9 @@ def test_a_healthz_answered_by_someone_else_while_the_child_died_is_no_success(o
 def test_up_only_when_up_and_a_stopped_process_fails_the_stack(tmp_path: Path) -> None:
     gateway_port = free_port()
     stack = _stack(tmp_path, GATEWAY_PORT=gateway_port, BACKEND_PORT=free_port())
-    assert stack.stdout is not None
     try:
-        # the banner comes once both answer, or the stack exits (an empty line at the end of its output)
-        line = "-"
-        while line and "Export gateway is up" not in line:
-            line = stack.stdout.readline()
-        assert line, f"the stack exited without its banner: {stack.stderr.read() if stack.stderr else ''}"
+        # the banner comes once both answer, or the stack exits
+        _read_until(stack, "Export gateway is up")
         children = subprocess.run(["pgrep", "-P", str(stack.pid)], capture_output=True, text=True).stdout.split()
         gateway = [pid for pid in children
                    if f"--port\x00{gateway_port}" in open(f"/proc/{pid}/cmdline").read()]
@@ -94,12 +99,8 @@ def test_ctrl_c_stops_every_process_cleanly(tmp_path: Path) -> None:
     """A terminal's Ctrl-C reaches the launcher and its children together: each stops gracefully, once (the
     gateway's change-feed stream to the backend open), without a traceback, and `make run` exits 0."""
     stack = _stack(tmp_path, GATEWAY_PORT=free_port(), BACKEND_PORT=free_port())
-    assert stack.stdout is not None
     try:
-        line = "-"
-        while line and "Ctrl-C stops them all" not in line:
-            line = stack.stdout.readline()
-        assert line, f"the stack exited without its banner: {stack.stderr.read() if stack.stderr else ''}"
+        _read_until(stack, "Ctrl-C stops them all")
         os.killpg(stack.pid, signal.SIGINT)
         out, err = stack.communicate(timeout=60)
     finally:
