@@ -22,6 +22,7 @@ from backend_stub.filters import FilterSpec
 from backend_stub.formats import FORMATS, RAW
 from backend_stub.sources import BODY_KINDS, CheckedAtLoad, SourceConfig
 from exports_common import dev_mode
+from exports_common.body_bounds import BodyBytes, FiltersBytes
 from exports_common.connection_limits import ConnectionLimits
 from exports_common.contract import DOWNLOAD_PATH
 from exports_common.netpolicy import AddressPolicy
@@ -276,12 +277,12 @@ class BackendConfig(Strict):
     sweep_interval_sec: float = Field(60.0, gt=0)
     default_timeout_sec: int = Field(300, ge=1)
     max_timeout_sec: int = Field(3600, ge=1)
-    max_body_bytes: int = Field(65_536, ge=1024)
+    max_body_bytes: BodyBytes = Field(65_536, ge=1024)
     max_header_bytes: int = Field(16_384, ge=1024, le=65536, description="larger request headers get 431")
     connection_limits: ConnectionLimits = Field(default_factory=ConnectionLimits)
     shutdown_timeout_sec: int = Field(30, ge=1, le=3600, description="on SIGTERM, open requests get at most "
                                         "this long to finish")
-    max_filters_bytes: int = Field(8_192, ge=64)
+    max_filters_bytes: FiltersBytes = Field(8_192, ge=64)
     http_fault: HttpFaultConfig = Field(default_factory=HttpFaultConfig)
     callbacks: CallbackConfig = Field(default_factory=CallbackConfig)
     sources: SourcesConfig = Field(default_factory=SourcesConfig)

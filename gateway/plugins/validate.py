@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from exports_common.body_bounds import BodyBytes, FiltersBytes
 from exports_common.errors import validation_error
 from exports_common.json_body import MAX_DEPTH, parse_json
 from exports_common.netpolicy import AddressPolicy, refusal
@@ -37,13 +38,13 @@ class CallbackPolicy(Settings):
 
 
 class ValidateSettings(Settings):
-    max_body_bytes: int = Field(65_536, ge=64)
+    max_body_bytes: BodyBytes = Field(65_536, ge=64)
     max_depth: int = Field(MAX_DEPTH, ge=2, le=256)
     export_types: list[str] | None = Field(None, description=(
         "deprecated: the types come from the upstream's registry; a list here only narrows it"))
     default_timeout_sec: int = Field(300, ge=1)
     max_timeout_sec: int = Field(3600, ge=1)
-    max_filters_bytes: int = Field(8_192, ge=64)
+    max_filters_bytes: FiltersBytes = Field(8_192, ge=64)
     callback: CallbackPolicy = Field(default_factory=CallbackPolicy)
 
 

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from exports_common.body_bounds import BodyBytes
 from gateway.context import Handler, RequestContext
 from gateway.plugins.base import RouteInfo, Settings
 from gateway.response import GatewayResponse
@@ -53,7 +54,7 @@ class RetrySettings(Settings):
     backoff: BackoffSettings = Field(default_factory=BackoffSettings)
     retry_on: list[Reason] = Field(default_factory=_default_retry_on)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
-    max_body_bytes: int = Field(1_048_576, ge=0, description="a body is kept to be sent again up to this size")
+    max_body_bytes: BodyBytes = Field(1_048_576, ge=0, description="a body is kept to be sent again up to this size")
 
 
 def retry_after_seconds(value: str | None) -> float | None:
