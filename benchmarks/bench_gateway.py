@@ -27,6 +27,8 @@ Run: python -m benchmarks.bench_gateway [--seconds 8] [--rounds 3] [--skip-scali
 from __future__ import annotations
 
 import argparse
+import os
+import threading
 from pathlib import Path
 
 import httpx
@@ -79,25 +81,82 @@ def compare(label: str, ours: wrk.WrkResult, ref_label: str, ref: wrk.WrkResult,
     print(f"  ratio {ours.rps / ref.rps:.2f} ({goal}), p99 {ours.p99_ms / ref.p99_ms:.2f}x of the reference")
 
 
+def worker_pids(supervisor: int) -> list[int]:
+    """The worker processes of `run --workers N` (multiprocessing's spawned children, not its resource tracker)."""
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    return sorted(int(child) for child in children if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes())
+
+
+def connections_by_worker(port: int, workers: list[int]) -> list[int]:
+    """How many established connections to `port` each worker holds (its sockets in /proc/net/tcp)."""
+    established = set()
+    for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = row.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+            established.add(f"socket:[{fields[9]}]")
+    return [sum(1 for fd in Path(f"/proc/{pid}/fd").iterdir() if _target(fd) in established) for pid in workers]
+
+
+def _target(fd: Path) -> str:
+    try:
+        return os.readlink(fd)
+    except FileNotFoundError:  # closed meanwhile
+        return ""
+
+
+class SplitWatch:
+    """The connections each worker held during each load run on a `--workers N` gateway, sampled twice a second
+    in a thread: wrk opens its connections at its start and keeps them, so a run's split is fixed."""
+
+    def __init__(self, port: int, workers: list[int]) -> None:
+        self.port, self.workers = port, workers
+        self.splits: list[list[int]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        held = False
+        while not self.stop.wait(0.5):
+            split = connections_by_worker(self.port, self.workers)
+            if sum(split) and not held:  # a new run's connections
+                self.splits.append(split)
+            held = bool(sum(split))
+
+    def __enter__(self) -> SplitWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
 def scaling(procs: Processes, backend: Service, task_id: str, rounds: int, seconds: float) -> None:
     """The hit path on one Redis with 1 and then 2 worker processes, same machine, same run."""
     redis = RedisServer(procs.workdir).start()
     try:
         targets: dict[int, Target] = {}
+        gateways: dict[int, Service] = {}
         for workers in (1, 2):  # both started, measured in turns (an idle gateway costs the other nothing)
             workdir = procs.workdir / f"scaling-{workers}"
             workdir.mkdir()
             # the same config for both: gateway_processes matters only while Redis is unreachable
             config = gateway_config(workdir, backend.url, redis.url, log_level="warning", gateway_processes=2)
-            gateway = procs.start("gateway", config, f"gateway-redis-{workers}w", args=("--workers", str(workers)))
-            targets[workers] = (f"{gateway.url}/api/v1/exports/{task_id}", AUTH)
+            gateways[workers] = procs.start("gateway", config, f"gateway-redis-{workers}w",
+                                            args=("--workers", str(workers)))
+            targets[workers] = (f"{gateways[workers].url}/api/v1/exports/{task_id}", AUTH)
             httpx.get(targets[workers][0], headers=AUTH)  # fills the shared cache
-        best = in_turns(rounds, seconds, {str(w): target for w, target in targets.items()})
+        two = gateways[2]
+        assert two.proc is not None
+        with SplitWatch(two.port, worker_pids(two.proc.pid)) as watch:
+            best = in_turns(rounds, seconds, {str(w): target for w, target in targets.items()})
         rates = {1: best["1"], 2: best["2"]}
         print(f"cache-hit poll, Redis, 1 worker   {rates[1].line()}")
         print(f"cache-hit poll, Redis, 2 workers  {rates[2].line()}")
         print(f"  scaling {rates[2].rps / rates[1].rps:.2f}x (goal >= 1.40), "
               f"p99 {rates[2].p99_ms / rates[1].p99_ms:.2f}x of one worker")
+        print(f"  connections per worker in each 2-worker run (the warm-up first): "
+              f"{' '.join(str(split) for split in watch.splits)}")
     finally:
         redis.stop()
 
