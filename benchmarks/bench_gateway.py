@@ -45,11 +45,12 @@ from benchmarks.harness import (
     submit_and_wait,
     unpin,
 )
-from tests.conftest import backend_config, gateway_config, synthetic_type
-from tests.procs import RedisServer, Service, backend_headers
+from tests.conftest import ADMIN_TOKEN, backend_config, gateway_config, synthetic_type
+from tests.procs import RedisServer, Service, backend_headers, wait_until
 
 # what the gateway sends upstream (the tenant its auth found, the backend's service token); the proxies pass it on
 TENANT = backend_headers("demo")
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 Target = tuple[str, dict[str, str]]  # a URL and the headers to send with it
@@ -81,10 +82,17 @@ def compare(label: str, ours: wrk.WrkResult, ref_label: str, ref: wrk.WrkResult,
     print(f"  ratio {ours.rps / ref.rps:.2f} ({goal}), p99 {ours.p99_ms / ref.p99_ms:.2f}x of the reference")
 
 
-def worker_pids(supervisor: int) -> list[int]:
-    """The worker processes of `run --workers N` (multiprocessing's spawned children, not its resource tracker)."""
-    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
-    return sorted(int(child) for child in children if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes())
+def serving_workers(gateway: Service, workers: int) -> list[int]:
+    """The pids of a `--workers N` gateway's workers once each has answered: it answers /healthz as soon as one
+    does, and each worker imports the gateway anew (seconds apart on a loaded machine)."""
+    seen: set[int] = set()
+
+    def all_answered() -> bool:  # each request on a new connection, taken by whichever worker accepts first
+        seen.add(httpx.get(f"{gateway.url}/admin/stats", headers=ADMIN, timeout=5).json()["data"]["pid"])
+        return len(seen) >= workers
+
+    wait_until(all_answered, 60, interval=0.01, what=f"{workers} workers of {gateway.name} to answer")
+    return sorted(seen)
 
 
 def connections_by_worker(port: int, workers: list[int]) -> list[int]:
@@ -120,6 +128,8 @@ class SplitWatch:
             split = connections_by_worker(self.port, self.workers)
             if sum(split) and not held:  # a new run's connections
                 self.splits.append(split)
+            elif held and sum(split) >= sum(self.splits[-1]):  # the same run's, all of them open by now
+                self.splits[-1] = split
             held = bool(sum(split))
 
     def __enter__(self) -> SplitWatch:
@@ -147,8 +157,7 @@ def scaling(procs: Processes, backend: Service, task_id: str, rounds: int, secon
             targets[workers] = (f"{gateways[workers].url}/api/v1/exports/{task_id}", AUTH)
             httpx.get(targets[workers][0], headers=AUTH)  # fills the shared cache
         two = gateways[2]
-        assert two.proc is not None
-        with SplitWatch(two.port, worker_pids(two.proc.pid)) as watch:
+        with SplitWatch(two.port, serving_workers(two, 2)) as watch:
             best = in_turns(rounds, seconds, {str(w): target for w, target in targets.items()})
         rates = {1: best["1"], 2: best["2"]}
         print(f"cache-hit poll, Redis, 1 worker   {rates[1].line()}")
