@@ -6,7 +6,8 @@
    vs  a minimal aiohttp-client proxy to the same backend (goal >= 0.8, p99 within 2x);
 3. proxied status poll (cache miss: a RUNNING task, where coalescing helps) vs the same proxy (reported);
 4. scaling: the cache-hit poll on `run --workers 2` vs `--workers 1`, both on one Redis, unpinned
-   (goal >= 1.4x; wrk needs part of a core of the two);
+   (goal >= 1.4x; wrk needs part of a core of the two), measured once both workers answer, with the
+   connections each worker held in each run printed;
 5. all of it against nginx (static answer / proxy_pass) when nginx is installed (reported, no goal);
 6. CPU per proxied list call: user + sys CPU of the proxy's process(es) over a wrk run divided by the
    requests it served, for the gateway, the aiohttp proxy and nginx's proxy_pass, each in front of one
