@@ -8,14 +8,14 @@ answers 404 at once for anything that is not a task id, without an upstream call
 """
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Awaitable, ClassVar, Literal
 
 from pydantic import Field
 
 from exports_common.errors import ApiError, ErrorKind
 from exports_common.task_ids import PREFIX_PATTERN, is_task_id, new_task_id
 from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Contract, PluginBase, RouteInfo, Settings
+from gateway.plugins.base import Contract, Gatekeeper, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
 
@@ -28,10 +28,9 @@ class TaskIdSettings(Settings):
     retry_after_sec: int = Field(1, ge=1, description="generate: when to poll first")
 
 
-class TaskId(PluginBase[TaskIdSettings]):
+class TaskId(Gatekeeper[TaskIdSettings]):
     name: ClassVar[str] = "task_id"
     Settings: ClassVar[type[TaskIdSettings]] = TaskIdSettings
-    gatekeeper: ClassVar[bool] = True
     provides: ClassVar[frozenset[str]] = frozenset({"task_id"})  # either action: `contract` says how
 
     @classmethod
@@ -46,13 +45,17 @@ class TaskId(PluginBase[TaskIdSettings]):
         self.check = settings.action == "check"
         self.param = settings.param
 
-    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        if self.check:
-            task_id = ctx.params.get(self.param, "")
-            if not is_task_id(task_id):
-                raise ApiError(ErrorKind.TASK_NOT_FOUND)
-            ctx.task_id = task_id
-            return await self.next(ctx)
+    def admit(self, ctx: RequestContext) -> Awaitable[GatewayResponse] | None:
+        if not self.check:
+            return self._generated(ctx)
+        task_id = ctx.params.get(self.param, "")
+        if not is_task_id(task_id):
+            raise ApiError(ErrorKind.TASK_NOT_FOUND)
+        ctx.task_id = task_id
+        return None
+
+    async def _generated(self, ctx: RequestContext) -> GatewayResponse:
+        """generate: the upstream's answer for the task named here, a new task's 202 when it took it."""
         if ctx.task_id is None:
             ctx.task_id = new_task_id(self.settings.prefix)
         ctx.upstream_headers["x-task-id"] = ctx.task_id
