@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from exports_common.errors import ApiError, ErrorKind
 from exports_common.otel import TracingConfig
 from exports_common.signing import DownloadSigner
+from exports_common.task_ids import new_task_id
 from gateway import telemetry
 from gateway.breakers import Breakers
 from gateway.config import GatewayConfig, RouteConfig
@@ -26,6 +27,7 @@ from gateway.context import RequestContext, first_values
 from gateway.limiter import Limiter, Quota
 from gateway.plugins import PLUGINS
 from gateway.plugins.base import Gatekeepers, Plugin, RouteInfo
+from gateway.plugins.task_id import VALID_IDS_KEPT
 from gateway.policy import stats as policy_stats
 from gateway.policy.circuit_breaker import BreakerUse, CircuitBreakerSettings
 from gateway.policy.retry import Retry, RetrySettings
@@ -441,3 +443,17 @@ def test_a_submit_routes_answer_carries_the_ratelimit_headers_through_the_gateke
     resp = asyncio.run(chain(_gated_context(b"Bearer k1", "")))
     assert resp.status == 201 and (resp.header("ratelimit") or "").startswith('"submits";r=2;t=100')
     assert upstream.calls[0].upstream_headers == {"x-tenant-max-active-tasks": "7", "x-tenant-id": "acme"}
+
+
+def test_task_id_check_keeps_the_ids_it_found_valid_bounded_and_never_an_invalid_one(tmp_path: Path) -> None:
+    """A polled id is looked up, not matched again; the ids kept stay within VALID_IDS_KEPT whatever is sent."""
+    check: Any = plugin("task_id", {"action": "check"}, Scripted(200), services(tmp_path))
+    ids = [new_task_id() for _ in range(VALID_IDS_KEPT + 10)]
+    for task_id in [*ids, ids[-1]]:
+        assert asyncio.run(check(context(params={"task_id": task_id}))).status == 200
+        assert len(check._valid) <= VALID_IDS_KEPT
+    assert ids[-1] in check._valid
+    for bad in ("exp-20260101-short", "", "EXP-20260101-abcdefghij0123456789"):
+        with pytest.raises(ApiError) as refused:
+            asyncio.run(check(context(params={"task_id": bad})))
+        assert refused.value.kind == ErrorKind.TASK_NOT_FOUND and bad not in check._valid
