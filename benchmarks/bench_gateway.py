@@ -6,7 +6,8 @@
    vs  a minimal aiohttp-client proxy to the same backend (goal >= 0.8, p99 within 2x);
 3. proxied status poll (cache miss: a RUNNING task, where coalescing helps) vs the same proxy (reported);
 4. scaling: the cache-hit poll on `run --workers 2` vs `--workers 1`, both on one Redis, unpinned
-   (goal >= 1.4x; wrk needs part of a core of the two);
+   (goal >= 1.4x; wrk needs part of a core of the two), measured once both workers answer, with the
+   connections each worker held in each run printed;
 5. all of it against nginx (static answer / proxy_pass) when nginx is installed (reported, no goal);
 6. CPU per proxied list call: user + sys CPU of the proxy's process(es) over a wrk run divided by the
    requests it served, for the gateway, the aiohttp proxy and nginx's proxy_pass, each in front of one
@@ -27,6 +28,8 @@ Run: python -m benchmarks.bench_gateway [--seconds 8] [--rounds 3] [--skip-scali
 from __future__ import annotations
 
 import argparse
+import os
+import threading
 from pathlib import Path
 
 import httpx
@@ -43,11 +46,12 @@ from benchmarks.harness import (
     submit_and_wait,
     unpin,
 )
-from tests.conftest import backend_config, gateway_config, synthetic_type
-from tests.procs import RedisServer, Service, backend_headers
+from tests.conftest import ADMIN_TOKEN, backend_config, gateway_config, synthetic_type
+from tests.procs import RedisServer, Service, backend_headers, wait_until
 
 # what the gateway sends upstream (the tenant its auth found, the backend's service token); the proxies pass it on
 TENANT = backend_headers("demo")
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 Target = tuple[str, dict[str, str]]  # a URL and the headers to send with it
@@ -79,25 +83,90 @@ def compare(label: str, ours: wrk.WrkResult, ref_label: str, ref: wrk.WrkResult,
     print(f"  ratio {ours.rps / ref.rps:.2f} ({goal}), p99 {ours.p99_ms / ref.p99_ms:.2f}x of the reference")
 
 
+def serving_workers(gateway: Service, workers: int) -> list[int]:
+    """The pids of a `--workers N` gateway's workers once each has answered: it answers /healthz as soon as one
+    does, and each worker imports the gateway anew (seconds apart on a loaded machine)."""
+    seen: set[int] = set()
+
+    def all_answered() -> bool:  # each request on a new connection, taken by whichever worker accepts first
+        seen.add(httpx.get(f"{gateway.url}/admin/stats", headers=ADMIN, timeout=5).json()["data"]["pid"])
+        return len(seen) >= workers
+
+    wait_until(all_answered, 60, interval=0.01, what=f"{workers} workers of {gateway.name} to answer")
+    return sorted(seen)
+
+
+def connections_by_worker(port: int, workers: list[int]) -> list[int]:
+    """How many established connections to `port` each worker holds (its sockets in /proc/net/tcp)."""
+    established = set()
+    for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = row.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+            established.add(f"socket:[{fields[9]}]")
+    return [sum(1 for fd in Path(f"/proc/{pid}/fd").iterdir() if _target(fd) in established) for pid in workers]
+
+
+def _target(fd: Path) -> str:
+    try:
+        return os.readlink(fd)
+    except FileNotFoundError:  # closed meanwhile
+        return ""
+
+
+class SplitWatch:
+    """The connections each worker held during each load run on a `--workers N` gateway, sampled twice a second
+    in a thread: wrk opens its connections at its start and keeps them, so a run's split is fixed."""
+
+    def __init__(self, port: int, workers: list[int]) -> None:
+        self.port, self.workers = port, workers
+        self.splits: list[list[int]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        held = False
+        while not self.stop.wait(0.5):
+            split = connections_by_worker(self.port, self.workers)
+            if sum(split) and not held:  # a new run's connections
+                self.splits.append(split)
+            elif held and sum(split) >= sum(self.splits[-1]):  # the same run's, all of them open by now
+                self.splits[-1] = split
+            held = bool(sum(split))
+
+    def __enter__(self) -> SplitWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
 def scaling(procs: Processes, backend: Service, task_id: str, rounds: int, seconds: float) -> None:
     """The hit path on one Redis with 1 and then 2 worker processes, same machine, same run."""
     redis = RedisServer(procs.workdir).start()
     try:
         targets: dict[int, Target] = {}
+        gateways: dict[int, Service] = {}
         for workers in (1, 2):  # both started, measured in turns (an idle gateway costs the other nothing)
             workdir = procs.workdir / f"scaling-{workers}"
             workdir.mkdir()
             # the same config for both: gateway_processes matters only while Redis is unreachable
             config = gateway_config(workdir, backend.url, redis.url, log_level="warning", gateway_processes=2)
-            gateway = procs.start("gateway", config, f"gateway-redis-{workers}w", args=("--workers", str(workers)))
-            targets[workers] = (f"{gateway.url}/api/v1/exports/{task_id}", AUTH)
+            gateways[workers] = procs.start("gateway", config, f"gateway-redis-{workers}w",
+                                            args=("--workers", str(workers)))
+            targets[workers] = (f"{gateways[workers].url}/api/v1/exports/{task_id}", AUTH)
             httpx.get(targets[workers][0], headers=AUTH)  # fills the shared cache
-        best = in_turns(rounds, seconds, {str(w): target for w, target in targets.items()})
+        two = gateways[2]
+        with SplitWatch(two.port, serving_workers(two, 2)) as watch:
+            best = in_turns(rounds, seconds, {str(w): target for w, target in targets.items()})
         rates = {1: best["1"], 2: best["2"]}
         print(f"cache-hit poll, Redis, 1 worker   {rates[1].line()}")
         print(f"cache-hit poll, Redis, 2 workers  {rates[2].line()}")
         print(f"  scaling {rates[2].rps / rates[1].rps:.2f}x (goal >= 1.40), "
               f"p99 {rates[2].p99_ms / rates[1].p99_ms:.2f}x of one worker")
+        print(f"  connections per worker in each 2-worker run (the warm-up first): "
+              f"{' '.join(str(split) for split in watch.splits)}")
     finally:
         redis.stop()
 

@@ -2,13 +2,16 @@
 
 For each store: claim + ack cost (one claimer, tasks queued over 3 tenants, drained one at a time),
 the store operations one task costs over its life (create, claim, RUNNING, COMPLETED with the ack:
-SQL statements, Redis commands, SQLite statements), and tasks per second through 1, 2 and 4 backend
-processes sharing the store, each with 2 claimers doing claim, RUNNING, COMPLETED + ack (SQLite: one
-process owns its file, so 1 only). Redis is a private server; the databases are new ones on the
-machine's servers (TEST_POSTGRES_URL, TEST_MARIADB_URL), dropped at the end. Redis runs with AOF (fsync
-every second), as operators are told to run it.
+SQL statements, Redis commands, SQLite statements), for the SQL servers also the round trips it costs
+(every request the client sends, counted by a relay in between: the statements, and what SQLAlchemy and
+the driver send besides, such as the pool's ping, BEGIN, COMMIT, session settings), and tasks per second
+through 1, 2 and 4 backend processes sharing the store, each with 2 claimers doing claim, RUNNING,
+COMPLETED + ack (SQLite: one process owns its file, so 1 only; --flow 0 leaves the flows out). Redis
+is a private server; the databases are new ones on the machine's servers (TEST_POSTGRES_URL,
+TEST_MARIADB_URL), dropped at the end. Redis runs with AOF (fsync every second), as operators are told
+to run it.
 
-Run: python -m benchmarks.bench_sql_store [--tasks 300] [--flow 400]
+Run: python -m benchmarks.bench_sql_store [--tasks 300] [--flow 400] [--stores postgresql mariadb]
 """
 from __future__ import annotations
 
@@ -82,8 +85,52 @@ async def _one_task(store: TaskStore, consumer: str) -> bool:
     return True
 
 
-async def _costs(kind: str, where: str, tasks: int) -> tuple[float, float]:
-    """(us per claim + ack, operations per task over its life)."""
+class _Relay:
+    """A TCP relay to a database server that counts round trips: each time a client speaks after the server."""
+
+    def __init__(self, url: str) -> None:
+        self.url = sa.make_url(url)
+        self.round_trips = 0
+        self.server: asyncio.Server | None = None
+        self.serving: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return self.url.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.serving.add(asyncio.current_task())  # type: ignore[arg-type]
+        server_r, server_w = await asyncio.open_connection(self.url.host, self.url.port)
+        client_turn = [False]
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, from_client: bool) -> None:
+            while data := await reader.read(65536):
+                if from_client and not client_turn[0]:
+                    self.round_trips += 1
+                client_turn[0] = from_client
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(pipe(client_r, server_w, True), pipe(server_r, client_w, False),
+                                 return_exceptions=True)
+        server_w.close()
+        client_w.close()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for task in self.serving:
+            task.cancel()
+        await asyncio.gather(*self.serving, return_exceptions=True)
+
+
+async def _costs(kind: str, where: str, tasks: int) -> tuple[float, float, float | None]:
+    """(us per claim + ack, operations per task over its life, SQL: round trips per task over its life).
+
+    The round trips are counted on another handle on the store, opened through the relay (the claim + ack
+    time is taken without it)."""
     store = _store(kind, where)
     await store.open()
     for n in range(tasks):
@@ -94,14 +141,23 @@ async def _costs(kind: str, where: str, tasks: int) -> tuple[float, float]:
         assert lease is not None
         await store.ack(lease)
     claim_ack = (time.perf_counter() - start) / tasks * 1e6
+    relay = _Relay(where) if kind in ("postgresql", "mariadb") else None
+    if relay is not None:
+        await store.close()
+        store = _store(kind, await relay.start())
+        await store.open()
     sent = _counter(kind, store, where)
+    trips = relay.round_trips if relay is not None else 0
     lives = 20
     for n in range(tasks, tasks + lives):
         await store.create(_task(n))
         assert await _one_task(store, "bench")
     operations = sent() / lives
+    round_trips = (relay.round_trips - trips) / lives if relay is not None else None
     await store.close()
-    return claim_ack, operations
+    if relay is not None:
+        await relay.stop()
+    return claim_ack, operations, round_trips
 
 
 def _backend(kind: str, where: str, ready: Any, go: Any) -> None:
@@ -161,25 +217,28 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=300)
     parser.add_argument("--flow", type=int, default=400)
+    parser.add_argument("--stores", nargs="+", choices=KINDS, default=KINDS)
     args = parser.parse_args()
     from tests.procs import RedisServer
 
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp), persistent=True).start()  # AOF, as operators are told to run it
         try:
-            print(f"{'store':11} {'claim+ack us':>12} {'ops/task':>9} " +
+            print(f"{'store':11} {'claim+ack us':>12} {'ops/task':>9} {'trips/task':>10} " +
                   " ".join(f"{f'{n} backend(s) tasks/s':>22}" for n in (1, 2, 4)))
-            for kind in KINDS:
+            for kind in args.stores:
                 with _where(kind, Path(tmp), server.url) as where:
-                    claim_ack, operations = asyncio.run(_costs(kind, where, args.tasks))
+                    claim_ack, operations, round_trips = asyncio.run(_costs(kind, where, args.tasks))
                 flows = []
                 for backends in (1, 2, 4):
-                    if kind == "sqlite" and backends > 1:
+                    if args.flow <= 0 or (kind == "sqlite" and backends > 1):
                         flows.append("-")
                         continue
                     with _where(kind, Path(tmp), server.url) as where:
                         flows.append(f"{_flow(kind, where, args.flow, backends):.0f}")
-                print(f"{kind:11} {claim_ack:12.0f} {operations:9.1f} " + " ".join(f"{f:>22}" for f in flows),
+                trips = "-" if round_trips is None else f"{round_trips:.1f}"
+                print(f"{kind:11} {claim_ack:12.0f} {operations:9.1f} {trips:>10} " +
+                      " ".join(f"{f:>22}" for f in flows),
                       flush=True)
         finally:
             server.stop()

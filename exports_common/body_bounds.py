@@ -1,5 +1,6 @@
-"""The most a config may set as a request body's size, or its filters' size: what is read of a body to check it,
-fingerprint it or send it again is held in memory whole, so no setting may make that unbounded."""
+"""The most a config may set as a request body's size, an upstream answer's or a task's filters': what is read of a
+body to check it, fingerprint it or send it again, and what a plugin reads of an answer, is held in memory whole, so
+no setting may make that unbounded."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -23,5 +24,8 @@ def _at_most(limit: int, why: str) -> AfterValidator:
 BodyBytes = Annotated[int, _at_most(MAX_BODY_BYTES, "a body the gateway or the backend reads is held in memory; "
                                     "send large files to storage, not through the API"),
                       Field(json_schema_extra={"maximum": MAX_BODY_BYTES})]
+AnswerBytes = Annotated[int, _at_most(MAX_BODY_BYTES, "an upstream's answer a plugin reads whole (to sign links, "
+                                      "cache or store it) is held in memory; downloads stream and are not bounded"),
+                        Field(json_schema_extra={"maximum": MAX_BODY_BYTES})]
 FiltersBytes = Annotated[int, _at_most(MAX_FILTERS_BYTES, "a task's filters are checked whole and kept with the task"),
                          Field(json_schema_extra={"maximum": MAX_FILTERS_BYTES})]

@@ -105,13 +105,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         # The state is judged after the parser has run, from what uvicorn keeps: a scope without
         # a method is a request whose headers are still coming. This way the common case, a whole
         # request in one read, costs one check and no timer. (The base class is named rather than
-        # found through super(): this runs for every read.)
+        # found through super(): this runs for every read.) A connection closed meanwhile (a refusal) may
+        # still arm the body timer below: closing it cancels its timers.
         self._reading = len(data)
         HttpToolsProtocol.data_received(self, data)
-        if self.transport.is_closing():
-            return
         scope = self.scope
         if scope is not None and "method" not in scope:
+            if self.transport.is_closing():  # refused while the parser ran: nothing more to count or time
+                return
             self._header_bytes += len(data)
             if self._header_bytes > self.max_header_bytes + REQUEST_LINE_ALLOWANCE:
                 self._refuse_too_large()

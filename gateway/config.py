@@ -29,7 +29,7 @@ from pydantic import (
 from starlette.routing import compile_path
 
 from exports_common import dev_mode
-from exports_common.body_bounds import BodyBytes
+from exports_common.body_bounds import AnswerBytes, BodyBytes
 from exports_common.config_loader import Loc, located
 from exports_common.connection_limits import ConnectionLimits, networks
 from exports_common.otel import TracingConfig
@@ -196,7 +196,7 @@ class RouteConfig(Strict):
     upstream: str
     rewrite: str | None = Field(None, description="upstream path; may use the path's {params}")
     max_body_bytes: BodyBytes = Field(1_048_576, ge=0, description="a bigger request body gets 413")
-    max_answer_bytes: int = Field(
+    max_answer_bytes: AnswerBytes = Field(
         DEFAULT_MAX_ANSWER_BYTES, ge=1024, description="the most of an upstream answer a plugin reads whole (to sign "
         "links, cache or store it): a bigger one is a 502, its connection closed, nothing kept; streamed answers "
         "(downloads) are not bounded")

@@ -79,7 +79,7 @@ class Quota:
         return Quota(self.per_sec / processes, max(1, self.burst // processes))
 
 
-@dataclass(slots=True)  # one per admitted request: a plain class builds cheaper than a NamedTuple or a frozen one
+@dataclass(slots=True)  # one per decision that needs its numbers: a plain class builds cheaper than a NamedTuple
 class Decision:
     """What a limit says of one request."""
 
@@ -89,12 +89,17 @@ class Decision:
     reset: float  # seconds until the bucket is full again
 
 
+def fits(ahead: float, quota: Quota) -> bool:
+    """Whether a request that puts the bucket's TAT `ahead` seconds after now is admitted."""
+    return ahead - quota.window_sec <= 0.5 * quota.interval
+
+
 def gcra(tat: float, now: float, quota: Quota) -> Decision:
     """The decision for one request at `now`. Admitted, the bucket's new TAT is `now + decision.reset`."""
     interval, tolerance = quota.interval, quota.window_sec
     tat = max(tat, now)
     ahead = tat + interval - now
-    if ahead - tolerance > 0.5 * interval:
+    if not fits(ahead, quota):
         return Decision(False, 0, ahead - tolerance, tat - now)
     left = math.floor((tolerance - ahead) / interval + 1e-9)  # -1 for the last half interval
     return Decision(True, max(left, 0), 0.0, ahead)
@@ -115,11 +120,23 @@ class LocalBuckets:
         now = time.monotonic()
         decision = gcra(self._tat.get(key, now), now, quota)
         if decision.allowed:
-            self._tat[key] = now + decision.reset
-            if len(self._tat) > self._sweep_at:
-                self._tat = {k: tat for k, tat in self._tat.items() if tat > now}
-                self._sweep_at = max(10_000, 2 * len(self._tat))
+            self._keep(key, now + decision.reset, now)
         return decision
+
+    def take(self, key: LocalKey, quota: Quota) -> bool:
+        """`hit`, saying only whether the request was admitted: no `Decision` is built."""
+        now = time.monotonic()
+        ahead = max(self._tat.get(key, now), now) + quota.interval - now
+        if not fits(ahead, quota):
+            return False
+        self._keep(key, now + ahead, now)
+        return True
+
+    def _keep(self, key: LocalKey, new_tat: float, now: float) -> None:
+        self._tat[key] = new_tat
+        if len(self._tat) > self._sweep_at:
+            self._tat = {k: tat for k, tat in self._tat.items() if tat > now}
+            self._sweep_at = max(10_000, 2 * len(self._tat))
 
     def __len__(self) -> int:
         return len(self._tat)
@@ -141,6 +158,11 @@ class Limiter:
     def hit_in_process(self, tag: str, limit: str, quota: Quota) -> Decision | None:
         """`hit`, when the limits are kept in this process (no Redis): decided without an await. Else None."""
         return self.local.hit((tag, limit), quota) if self._script is None else None
+
+    def admits_in_process(self, tag: str, limit: str, quota: Quota) -> bool:
+        """True: the limits are kept in this process (no Redis) and the request is admitted (counted). False: it
+        is not counted, and `hit` decides it, with the numbers a refusal needs."""
+        return self._script is None and self.local.take((tag, limit), quota)
 
     async def hit(self, tag: str, limit: str, quota: Quota, processes: int) -> Decision:
         """One request against bucket `limit` of `tag` (a tenant or a client address).

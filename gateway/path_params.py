@@ -22,7 +22,7 @@ from exports_common.errors import ApiError, ErrorKind
 SEGMENT_SAFE = "!$&'()*+,;=:@"
 DOT_SEGMENTS = frozenset({".", ".."})
 _PLAIN = re.compile(r"[-A-Za-z0-9_~!$&'()*+,;=:@]*")
-_PLAIN_PATH = re.compile(r"[-A-Za-z0-9_~!$&'()*+,;=:@/]*")
+PLAIN_PATH = re.compile(r"[-A-Za-z0-9_~!$&'()*+,;=:@/]*")
 
 
 @functools.lru_cache(maxsize=256)
@@ -35,7 +35,7 @@ def encode_segments(value: str, keep_slash: bool) -> str:
     """`value` as one path segment (or, `keep_slash`, as segments); a dot segment is a 404."""
     # the common case (a task id, a plain path) has nothing to encode and no dot: a regex is several times
     # quicker than quote()
-    if "." not in value and (_PLAIN_PATH if keep_slash else _PLAIN).fullmatch(value):
+    if "." not in value and (PLAIN_PATH if keep_slash else _PLAIN).fullmatch(value):
         return value
     parts = value.split("/") if keep_slash else [value]
     if any(part in DOT_SEGMENTS for part in parts):

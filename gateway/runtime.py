@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.routing import compile_path
 
@@ -17,7 +18,7 @@ from gateway.context import Handler
 from gateway.first_byte import FirstByteWatch
 from gateway.forwarding import TrustedProxies
 from gateway.plugin_registry import registry
-from gateway.plugins.base import RouteInfo
+from gateway.plugins.base import Gatekeeper, RouteInfo, gatekeepers
 from gateway.policy import upstream_call
 from gateway.policy.circuit_breaker import BreakerUse
 from gateway.proxy import Proxy
@@ -73,7 +74,8 @@ def build_chain(route: RouteConfig, breaker: BreakerUse | None, services: Servic
     proxy (gateway/policy/); a plugin that makes a call of its own (rerun) goes through the same
     call. `last` stands in for the proxy (gateway.testing ends a chain in a recorder). `held`
     builds the route's answer view instead (gateway/answer_view.py): its gatekeepers left out,
-    ending in the held state or the upstream call.
+    ending in the held state or the upstream call. Consecutive gatekeepers run as one handler
+    (gateway/plugins/base.py: `Gatekeepers`).
     """
     methods = tuple(route.methods)
     proxy = last or Proxy(services.upstreams[route.upstream], services, route.max_body_bytes,
@@ -81,11 +83,17 @@ def build_chain(route: RouteConfig, breaker: BreakerUse | None, services: Servic
     call = upstream_call(proxy, route.policy, breaker, services, RouteInfo(route.name, route.upstream, methods, proxy))
     info = RouteInfo(route.name, route.upstream, methods, call, views.get if views is not None else None)
     handler: Handler = HeldAnswer(call) if held else call
+    gates: list[Gatekeeper[Any]] = []  # the consecutive gatekeepers built last, outermost first: run as one
     for entry in reversed(route.plugins):
         plugin = registry().get(entry.name)
-        if not (held and plugin.gatekeeper):
-            handler = plugin(handler, entry.settings, services, info)
-    return handler
+        if held and plugin.gatekeeper:
+            continue
+        if not issubclass(plugin, Gatekeeper):
+            handler, gates = gatekeepers(gates, handler), []
+        handler = plugin(handler, entry.settings, services, info)
+        if isinstance(handler, Gatekeeper):
+            gates.insert(0, handler)
+    return gatekeepers(gates, handler)
 
 
 class RouteViews:

@@ -42,6 +42,8 @@ class SpanLike(Protocol):
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None: ...
 
+    def end(self) -> None: ...
+
 
 # the trace the current request is in: the fresh trace id of an unrecorded new trace (no object built for
 # it), a caller's unrecorded context passed on as it came, or the span being recorded
@@ -88,8 +90,8 @@ class ServerTrace:
 
     def __exit__(self, *exc: object) -> None:
         _current.reset(self.token)
-        if isinstance(self.current, trace.Span):
-            self.current.end()
+        if self.span is not trace.INVALID_SPAN:  # recorded (an identity test: an ABC's isinstance costs more)
+            self.span.end()
 
 
 def inject(carrier: dict[str, str]) -> None:
@@ -143,7 +145,7 @@ class Tracing:
 
         The span's name and attributes are made only for a request that is recorded.
         """
-        parent = self._client_context(headers, client)
+        parent = self._client_context(headers, client) if headers is not None else None
         if parent is None:
             trace_id = random.getrandbits(128) or 1
             if trace_id & _LOW_64 >= self.bound:

@@ -147,7 +147,11 @@ class Service:
         log.close()
         if "--workers" in self.args:  # each worker is a new interpreter (uvicorn spawns them) importing the app anew
             timeout *= 3
-        wait_until(self._healthy, timeout, what=f"{self.name} to answer on {self.url}/healthz")
+        try:
+            wait_until(self._healthy, timeout, what=f"{self.name} to answer on {self.url}/healthz")
+        except BaseException:  # a server that never answered is stopped here: no fixture will stop it
+            self.stop()
+            raise
         return self
 
     def _healthy(self) -> bool:

@@ -68,7 +68,26 @@ def test_backend_body_sizes_past_their_bound_are_refused_naming_each(tmp_path: P
             result.stderr
 
 
+def answer_sizes(route_answer: int, stored_answer: int) -> Callable[[dict[str, Any]], None]:
+    def change(config: dict[str, Any]) -> None:
+        config["routes"][0]["max_answer_bytes"] = route_answer
+        [idempotency] = [p["idempotency"] for p in config["routes"][0]["plugins"]
+                         if isinstance(p, dict) and "idempotency" in p]
+        idempotency["max_stored_answer_bytes"] = stored_answer
+    return change
+
+
+def test_answer_sizes_past_their_bound_are_refused_naming_each(tmp_path: Path) -> None:
+    result = check_config(tmp_path, "gateway", "gateway.yaml", answer_sizes(MAX_BODY_BYTES + 1, MAX_BODY_BYTES + 1))
+    assert result.returncode == 2, result.stdout
+    problems = [line.strip().removeprefix("- ") for line in result.stderr.splitlines()]
+    for key in ("routes[0].max_answer_bytes", "routes[0].plugins[3].idempotency.max_stored_answer_bytes"):
+        assert any(p.startswith(f"{key} (line ") and "must be at most 67108864 (64 MiB): " in p for p in problems), \
+            result.stderr
+
+
 @pytest.mark.parametrize("module,shipped,change", [
+    ("gateway", "gateway.yaml", answer_sizes(MAX_BODY_BYTES, MAX_BODY_BYTES)),
     ("gateway", "gateway.yaml", gateway_sizes(MAX_BODY_BYTES, MAX_BODY_BYTES, MAX_FILTERS_BYTES)),
     ("backend_stub", "backend.yaml", backend_sizes(MAX_BODY_BYTES, MAX_FILTERS_BYTES)),
 ])

@@ -3,6 +3,8 @@ give parses with the real command line: a renamed subcommand or option fails her
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import re
 import shlex
 from collections.abc import Callable, Iterator
@@ -79,12 +81,15 @@ def parse(program: str, args: list[str], monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def options_of(parser: argparse.ArgumentParser) -> set[str]:
-    found = set(parser._option_string_actions)
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                found |= options_of(sub)
-    return found
+    """Every option the parser or one of its commands takes, as their help pages list them."""
+    pages = [parser.format_help()]
+    commands = re.search(r"\{([\w,-]+)\}", pages[0])
+    for command in commands.group(1).split(",") if commands else []:
+        page = io.StringIO()
+        with contextlib.redirect_stdout(page), pytest.raises(SystemExit):
+            parser.parse_args([command, "--help"])
+        pages.append(page.getvalue())
+    return {option for page in pages for option in re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", page)}
 
 
 def all_commands() -> list[tuple[str, str]]:

@@ -20,7 +20,7 @@ import pytest
 from redis import asyncio as aioredis
 
 from exports_common.redis_client import connect
-from gateway.limiter import REDIS_RETRY_SEC, REDIS_TIMEOUT_SEC, REDIS_WAIT_MAX_SEC, Limiter, Quota, gcra
+from gateway.limiter import REDIS_RETRY_SEC, REDIS_TIMEOUT_SEC, REDIS_WAIT_MAX_SEC, Limiter, LocalBuckets, Quota, gcra
 from tests.conftest import ADMIN_TOKEN, DEMO2_KEY, DEMO_KEY, backend_config, gateway_config
 from tests.helpers import assert_envelope_error
 from tests.procs import RedisServer, Service, free_port, load_default
@@ -326,6 +326,18 @@ def test_a_full_burst_at_one_instant_is_admitted_whole_whatever_the_clock_reads(
                 tat = now + decision.reset if decision.allowed else tat
                 assert decision.remaining >= 0
             assert admitted == [True] * quota.burst + [False], (quota, now)
+
+
+def test_take_admits_what_hit_admits_and_counts_only_what_it_admits() -> None:
+    """`take` (admission alone, for the requests limit kept in process) and `hit` agree request by request."""
+    for quota in (Quota(0.001, 1), Quota(0.001, 7), Quota(0.001, 50)):
+        taken, hit = LocalBuckets(), LocalBuckets()
+        took = [taken.take(("t", "requests"), quota) for _ in range(quota.burst + 2)]
+        decided = [hit.hit(("t", "requests"), quota).allowed for _ in range(quota.burst + 2)]
+        assert took == decided == [True] * quota.burst + [False, False], quota
+        # a refused take counted nothing: hit on the same bucket refuses too, with the wait the burst left
+        refused = taken.hit(("t", "requests"), quota)
+        assert not refused.allowed and refused.retry_after > 0.5 / quota.per_sec
 
 
 async def test_a_full_burst_through_redis_is_admitted_whole_then_refused(redis_server: RedisServer) -> None:

@@ -16,25 +16,29 @@ import pytest
 from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from exports_common.errors import ApiError, ErrorKind
 from exports_common.otel import TracingConfig
 from exports_common.signing import DownloadSigner
+from exports_common.task_ids import new_task_id
 from gateway import telemetry
 from gateway.breakers import Breakers
 from gateway.config import GatewayConfig, RouteConfig
 from gateway.context import RequestContext, first_values
-from gateway.limiter import Limiter
+from gateway.limiter import Limiter, Quota
 from gateway.plugins import PLUGINS
-from gateway.plugins.base import Plugin, RouteInfo
+from gateway.plugins.base import Gatekeepers, Plugin, RouteInfo
+from gateway.plugins.task_id import VALID_IDS_KEPT
 from gateway.policy import stats as policy_stats
 from gateway.policy.circuit_breaker import BreakerUse, CircuitBreakerSettings
 from gateway.policy.retry import Retry, RetrySettings
 from gateway.policy.timeout import Timeout
 from gateway.proxy import Proxy
+from gateway.refusal_hold import HoldSettings
 from gateway.response import GatewayResponse
 from gateway.runtime import build_chain
 from gateway.services import Services, State
 from gateway.services import Upstream as ServiceUpstream
-from gateway.tenants import TenantDirectory
+from gateway.tenants import Limits, TenantDirectory, TenantLimits, hash_key
 from gateway.upstream import Body, EndpointPool, OutlierPolicy, Timeouts, UpstreamError
 
 pytestmark = pytest.mark.inprocess  # no server process: `make test-fast` runs it
@@ -380,3 +384,76 @@ def test_a_plugin_that_needs_json_names_the_plugin_that_provides_it(monkeypatch:
             RouteConfig.model_validate(route)
         [error] = err.value.errors()
         assert (error["loc"], error["msg"]) == (("plugins", 1, "list_query"), problem)
+
+
+def _gated_context(authorization: bytes | None, task_id: str) -> RequestContext:
+    headers = [(b"authorization", authorization)] if authorization is not None else []
+    scope = {"type": "http", "method": "GET", "path": "/s", "headers": headers, "query_string": b"",
+             "client": ("10.0.0.7", 5000)}
+    return RequestContext(scope=scope, receive=context().receive, header_values=first_values(scope), method="GET",
+                          route_name="status", upstream="exports", upstream_path="/s",
+                          params={"task_id": task_id}, request_id="r")
+
+
+def test_consecutive_gatekeepers_run_as_one_handler_each_keeping_its_refusals(tmp_path: Path) -> None:
+    """rate_limit, auth and task_id run as one handler, and still refuse as each does: 404, 401, 429 (tenant and
+    address), the 429 with its headers and the upstream never called."""
+    svc = services(tmp_path)
+    svc.tenants = TenantDirectory({"acme": [hash_key("k1")]}, Limits(
+        by_tenant={"acme": TenantLimits(Quota(0.001, 2), Quota(0.001, 1), 5, 5)}, per_address=Quota(0.001, 1),
+        hold=HoldSettings(hold_sec=0)))
+    route = RouteConfig.model_validate({**ROUTE, "name": "status", "path": "/s/{task_id}", "methods": ["GET"],
+                                        "plugins": [{"rate_limit": {"limit": "requests"}}, "auth",
+                                                    {"task_id": {"action": "check"}}]})
+    upstream = Scripted(200)
+    chain: Any = build_chain(route, None, svc, upstream)
+    assert isinstance(chain, Gatekeepers) and [type(g).__name__ for g in chain.gates] == \
+        ["RateLimit", "Auth", "TaskId"] and chain.next is upstream
+
+    def status(authorization: bytes | None, task_id: str = "exp-20260101-abcdefghij0123456789") -> int | str:
+        try:
+            resp = asyncio.run(chain(_gated_context(authorization, task_id)))
+        except ApiError as exc:
+            assert exc.kind != ErrorKind.UNAUTHORIZED or exc.headers["WWW-Authenticate"].startswith("Bearer")
+            return exc.kind.status
+        if resp.status == 429:  # which limit refused it
+            assert resp.header("retry-after")
+            return f"429 {resp.header('ratelimit-policy')}"
+        return resp.status
+
+    assert status(b"Bearer k1") == 200
+    seen = upstream.calls[0]
+    assert seen.tenant == "acme" and seen.upstream_headers["x-tenant-id"] == "acme"
+    assert seen.task_id == "exp-20260101-abcdefghij0123456789"
+    assert status(b"Bearer k1", "not-a-task") == 404  # the burst's second request: counted, then refused by id
+    assert status(b"Bearer k1") == '429 "requests";q=2;w=2000'  # the tenant's burst of 2 is spent
+    assert status(b"Bearer wrong") == 401  # an unknown key: the address's limit (1) admits it, auth refuses
+    assert status(None) == '429 "address";q=1;w=1000'  # the address's burst is spent
+    assert len(upstream.calls) == 1
+
+
+def test_a_submit_routes_answer_carries_the_ratelimit_headers_through_the_gatekeepers(tmp_path: Path) -> None:
+    svc = services(tmp_path)
+    svc.tenants = TenantDirectory({"acme": [hash_key("k1")]}, Limits(
+        by_tenant={"acme": TenantLimits(Quota(1, 5), Quota(0.001, 3), 7, 5)}))
+    route = RouteConfig.model_validate({**ROUTE, "plugins": [{"rate_limit": {"limit": "submits",
+                                                                             "active_tasks": True}}, "auth"]})
+    upstream = Scripted(201)
+    chain: Any = build_chain(route, None, svc, upstream)
+    resp = asyncio.run(chain(_gated_context(b"Bearer k1", "")))
+    assert resp.status == 201 and (resp.header("ratelimit") or "").startswith('"submits";r=2;t=100')
+    assert upstream.calls[0].upstream_headers == {"x-tenant-max-active-tasks": "7", "x-tenant-id": "acme"}
+
+
+def test_task_id_check_keeps_the_ids_it_found_valid_bounded_and_never_an_invalid_one(tmp_path: Path) -> None:
+    """A polled id is looked up, not matched again; the ids kept stay within VALID_IDS_KEPT whatever is sent."""
+    check: Any = plugin("task_id", {"action": "check"}, Scripted(200), services(tmp_path))
+    ids = [new_task_id() for _ in range(VALID_IDS_KEPT + 10)]
+    for task_id in [*ids, ids[-1]]:
+        assert asyncio.run(check(context(params={"task_id": task_id}))).status == 200
+        assert len(check._valid) <= VALID_IDS_KEPT
+    assert ids[-1] in check._valid
+    for bad in ("exp-20260101-short", "", "EXP-20260101-abcdefghij0123456789"):
+        with pytest.raises(ApiError) as refused:
+            asyncio.run(check(context(params={"task_id": bad})))
+        assert refused.value.kind == ErrorKind.TASK_NOT_FOUND and bad not in check._valid

@@ -7,6 +7,7 @@ backends killed mid-run, and a database restart.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,11 +24,13 @@ import sqlalchemy as sa
 import yaml
 from pydantic import ValidationError
 
+from backend_stub import lifecycle
 from backend_stub.config import BackendConfig
 from backend_stub.models import Task
 from backend_stub.store import sql_schema
 from backend_stub.store.sql_store import MINIMUM_VERSIONS, SqlTaskStore
 from exports_common import sql
+from exports_common.contract import Status
 from exports_common.task_ids import new_task_id
 from tests.conftest import backend_config, synthetic_type
 from tests.databases import MariaDBInstance, PostgresInstance, SqlDatabase
@@ -166,6 +169,46 @@ async def test_a_database_at_the_previous_schema_version_is_migrated_once_by_two
         for table in sql_schema.metadata.sorted_tables:
             assert {column["name"] for column in inspector.get_columns(table.name)} == set(table.c.keys()), table.name
     engine.dispose()
+
+
+# -- a task's cost ------------------------------------------------------------------------------------
+
+
+async def test_every_call_runs_at_read_committed_and_a_task_costs_its_statement_budget(
+        sql_database: SqlDatabase) -> None:
+    """READ COMMITTED is set once per connection, and stays after the migration's autocommit use of it; a task's
+    life (create, claim, RUNNING, COMPLETED with the ack) costs at most 17 statements on PostgreSQL, 21 on
+    MariaDB (the design's count: each is a round trip, and each call's transaction a commit)."""
+    store = SqlTaskStore(sql_database.url, settings=sql.EngineSettings(pool_size=1))  # the migration's connection
+    await store.open()
+    try:
+        level = "SHOW transaction_isolation" if store.postgres else "SELECT @@tx_isolation"  # MariaDB 10
+        for _ in range(2):
+            async with store.engine.begin() as conn:
+                assert (await conn.execute(sa.text(level))).scalar() in ("read committed", "READ-COMMITTED")
+        sent = [0]
+
+        def counted(*_: Any) -> None:
+            sent[0] += 1
+
+        async def life() -> None:
+            now = time.time()
+            task = Task(task_id=new_task_id(), tenant="t", export_type="x", filters={}, format="csv",
+                        timeout_sec=60, callback_url=None, fingerprint="f", created_at=now, updated_at=now)
+            await store.create(task)
+            lease = await store.claim("c", 30, 0)
+            assert lease is not None and lease.task_id == task.task_id
+            await store.update(task.task_id, lambda t: dataclasses.replace(t, status=Status.RUNNING, attempt=1))
+            done, changed = await store.update(task.task_id, lifecycle.finish(Status.COMPLETED), ack=lease)
+            assert changed and done is not None and done.status == Status.COMPLETED
+
+        await life()  # the tenant's first task also makes its row in the turns
+        sa.event.listen(store.engine.sync_engine, "before_cursor_execute", counted)
+        await life()
+        assert sent[0] <= (17 if store.postgres else 21), f"{sent[0]} statements for one task's life"
+        assert await store.claim("c", 30, 0) is None, "the queue is empty: each task was acked"
+    finally:
+        await store.close()
 
 
 # -- several processes --------------------------------------------------------------------------------

@@ -75,6 +75,32 @@ def test_router_matches_params_and_reports_allowed_methods() -> None:
     assert not isinstance(head, list) and head.route.name == "get"
 
 
+@given(st.text(alphabet="ab.%?/:@-_~", min_size=1, max_size=12), st.text(alphabet="ab./-", min_size=1, max_size=12))
+def test_the_upstream_path_is_the_same_whichever_way_it_is_made(value: str, tail: str) -> None:
+    """A plain path's upstream path is the rewrite formatted with its params as they are; any other path's is made
+    param by param: both give what `fill` gives, and a dot segment is a 404 either way."""
+    from gateway.path_params import encode_segments, fill, multi_segment_params
+
+    routes = [RouteConfig(name="one", path="/a/{id}", methods=["GET"], upstream="u", rewrite="/b/{id}/c"),
+              RouteConfig(name="many", path="/p/{id}/{rest:path}", methods=["GET"], upstream="u",
+                          rewrite="/q/{rest}/{id}"),
+              RouteConfig(name="raw", path="/r/{rest:path}", methods=["GET"], upstream="u")]
+    router = Router(routes)
+    for path in (f"/a/{value}", f"/p/{value}/{tail}", f"/r/{value}/{tail}"):
+        match = router.match("GET", path)
+        if isinstance(match, list):
+            continue
+        rewrite = match.route.rewrite
+        try:
+            expected = (fill(rewrite, match.params, multi_segment_params(match.route.path)) if rewrite
+                        else encode_segments(path, keep_slash=True))
+        except ApiError:
+            with pytest.raises(ApiError):
+                match.upstream_path(path)
+            continue
+        assert match.upstream_path(path) == expected
+
+
 def test_signing_rotation() -> None:
     old = DownloadSigner(["old-secret-0123456789"])
     rotated = DownloadSigner(["new-secret-0123456789", "old-secret-0123456789"])

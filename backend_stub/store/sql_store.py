@@ -67,6 +67,9 @@ _POLL_MIN_SEC = 0.02
 _POLL_MAX_SEC = 0.25
 _POLL_MAX_LISTENING_SEC = 2.0  # PostgreSQL with its LISTEN connection up: the poll is only a safety net
 _CHANNEL = "exports_task_store"
+# PostgreSQL: wakes other backends' waiters when the transaction commits. Sent in the RETURNING of the
+# write it announces (no statement of its own); notifications repeated in one transaction arrive once.
+_NOTIFY = sa.func.pg_notify(_CHANNEL, "")
 _LISTEN_RETRY_SEC = 1.0
 
 
@@ -125,14 +128,16 @@ class SqlTaskStore:
         self._listening = False
 
     async def open(self) -> None:
-        raw = sql.make_async_engine(self.url, mysql_driver=MYSQL_DRIVER, settings=self.settings)
+        # set once on each new connection: per checkout it would cost MariaDB/MySQL four more statements a call
+        engine = sql.make_async_engine(self.url, mysql_driver=MYSQL_DRIVER, settings=self.settings,
+                                       isolation_level="READ COMMITTED")
         try:
             if self.url not in _prepared:
-                await _prepare(raw, self.url)
+                await _prepare(engine, self.url)
         except BaseException:
-            await raw.dispose()
+            await engine.dispose()
             raise
-        self._engine = raw.execution_options(isolation_level="READ COMMITTED")
+        self._engine = engine
         if self.postgres:
             self._listener = asyncio.create_task(self._listen(), name="sql-store-listen")
 
@@ -188,7 +193,6 @@ class SqlTaskStore:
         """Run `body` in one transaction, again from the start on a deadlock or serialization failure."""
         async def attempt_once() -> T:
             async with self.engine.begin() as conn:
-                conn.info["notified"] = False  # see _notify
                 return await body(conn)
 
         for attempt in range(_RETRIES):
@@ -220,25 +224,34 @@ class SqlTaskStore:
         body = (await conn.execute(query.with_for_update() if lock else query)).scalar()
         return Task.from_json(body) if body is not None else None
 
-    async def _next_change_id(self, conn: AsyncConnection) -> int:
-        """Take the next change id; the counter's row stays locked to commit, so ids commit in order."""
-        log = schema.change_log
+    async def _append(self, conn: AsyncConnection, task: Task) -> int:
+        """Take the next change id and append the task's entry under it; returns the id.
+
+        The counter's row stays locked to commit, so ids commit in order. PostgreSQL: one statement, the
+        counter's UPDATE in a WITH of the entry's INSERT, which also sends the NOTIFY (see `_NOTIFY`).
+        MariaDB/MySQL: LAST_INSERT_ID(expr) hands the new id back with the UPDATE's answer (its insert id).
+        """
+        log, changes = schema.change_log, schema.changes
+        entry = {"task_id": task.task_id, "tenant": task.tenant, "at": time.time(),
+                 "task": json.dumps(task.public(), separators=(",", ":"))}
         if self.postgres:
-            bumped = log.update().values(last_id=log.c.last_id + 1).returning(log.c.last_id)
-            return int((await conn.execute(bumped)).scalar_one())
-        await conn.execute(log.update().values(last_id=sa.func.last_insert_id(log.c.last_id + 1)))
-        return int((await conn.execute(sa.select(sa.func.last_insert_id()))).scalar_one())
+            taken = log.update().values(last_id=log.c.last_id + 1).returning(log.c.last_id).cte("taken")
+            values = sa.select(taken.c.last_id, *(sa.literal(value, changes.c[name].type)
+                                                  for name, value in entry.items()))
+            appended = (changes.insert().from_select(["id", *entry], values).add_cte(taken)
+                        .returning(changes.c.id, _NOTIFY))
+            return int((await conn.execute(appended)).scalar_one())
+        bumped = await conn.execute(log.update().values(last_id=sa.func.last_insert_id(log.c.last_id + 1)))
+        number = int(bumped.lastrowid)
+        await conn.execute(changes.insert().values(id=number, **entry))
+        return number
 
     async def _write(self, conn: AsyncConnection, task: Task, new: bool) -> Task:
         """Write the record and append its change-log entry; the record returned carries the entry's id.
 
         The last step of a transaction: after the change id is taken, nothing else waits for a lock.
         """
-        await self._notify(conn)
-        number = await self._next_change_id(conn)
-        await conn.execute(schema.changes.insert().values(
-            id=number, task_id=task.task_id, tenant=task.tenant, at=time.time(),
-            task=json.dumps(task.public(), separators=(",", ":"))))
+        number = await self._append(conn, task)
         task = dataclasses.replace(task, change_id=_change_id(number))
         row = {"tenant": task.tenant, "status": task.status, "created_at": task.created_at,
                "expire_at": task.expire_at if task.status in TERMINAL else None,
@@ -258,7 +271,10 @@ class SqlTaskStore:
         return None if found is None else int(found)
 
     async def _enqueue(self, conn: AsyncConnection, task: Task) -> None:
-        """Queue the task; a tenant whose queue was empty joins the turns at no less than the virtual time."""
+        """Queue the task; a tenant whose queue was empty joins the turns at no less than the virtual time.
+
+        The transaction's `_write`, which always follows, sends the NOTIFY.
+        """
         turns, queue = schema.turns, schema.queue
         turn = await self._locked_turn(conn, task.tenant)
         if turn is None:
@@ -267,21 +283,13 @@ class SqlTaskStore:
             await conn.execute(insert.values(tenant=task.tenant, turn=0, served_at_turn=0))
             turn = await self._locked_turn(conn, task.tenant)
             assert turn is not None
-        waiting = await conn.execute(sa.select(queue.c.seq).where(
-            queue.c.tenant == task.tenant, queue.c.lease_until.is_(None)).limit(1))
-        if waiting.first() is None:
-            vtime = (await conn.execute(sa.select(sa.func.max(turns.c.served_at_turn)))).scalar() or 0
-            if vtime > turn:
-                await conn.execute(turns.update().where(turns.c.tenant == task.tenant).values(turn=vtime))
+        # the virtual time if the tenant has no waiting task (it joins now), else NULL: one statement for both
+        waiting = sa.exists().where(queue.c.tenant == task.tenant, queue.c.lease_until.is_(None))
+        vtime = (await conn.execute(sa.select(sa.func.max(turns.c.served_at_turn)).where(~waiting))).scalar()
+        if vtime is not None and vtime > turn:
+            await conn.execute(turns.update().where(turns.c.tenant == task.tenant).values(turn=vtime))
         await conn.execute(queue.insert().values(task_id=task.task_id, tenant=task.tenant))
-        await self._notify(conn)
         self._wakeup.set()
-
-    async def _notify(self, conn: AsyncConnection) -> None:
-        """PostgreSQL: wake other backends' waiters when this transaction commits (once per transaction)."""
-        if self.postgres and not conn.info.get("notified"):
-            await conn.execute(sa.select(sa.func.pg_notify(_CHANNEL, "")))
-            conn.info["notified"] = True
 
     def _appended_now(self) -> None:
         self._appended.set()
@@ -382,25 +390,22 @@ class SqlTaskStore:
                 poll = min(poll * 2, self._poll_max())
 
     async def _try_claim(self, conn: AsyncConnection, consumer: str, lease_sec: float) -> Lease | None:
-        queue, turns = schema.queue, schema.turns
+        queue = schema.queue
         now = time.time()
         leased = queue.update().values(lease_owner=consumer, lease_until=now + lease_sec)
-        # a lease that ran out: it already counts against its tenant's cap, and it is the oldest work
-        lapsed = (await conn.execute(
-            sa.select(queue.c.seq, queue.c.task_id).where(queue.c.lease_until <= now)
-            .order_by(queue.c.lease_until).limit(1).with_for_update(skip_locked=True))).first()
-        if lapsed is not None:
-            await conn.execute(leased.where(queue.c.seq == lapsed.seq))
-            return Lease(str(lapsed.seq), lapsed.task_id, lease_sec, consumer)
-        has_waiting = sa.exists().where(queue.c.tenant == turns.c.tenant, queue.c.lease_until.is_(None))
-        # a claimer waits for a turn row only while it holds none, so that claimers never wait in a circle
+        # a claimer waits for a turn row or a lapsed lease's row only while it holds none, so that claimers
+        # never wait in a circle
         holding = False
         for _ in range(_CONTENDED_ROUNDS):
             contended = False  # another claimer served a candidate meanwhile: the turns are read again
-            candidates = (await conn.execute(
-                sa.select(turns.c.tenant, turns.c.turn).where(has_waiting)
-                .order_by(turns.c.turn, turns.c.tenant).limit(_TURN_CANDIDATES))).all()
-            for i, (tenant, _) in enumerate(candidates):
+            lapsed, candidates = await self._look(conn, now, lapsed_too=not holding)
+            if lapsed is not None:
+                # unless another claimer took it over or its holder renewed it meanwhile (checked under its lock)
+                taken = await conn.execute(leased.where(queue.c.seq == lapsed.seq, queue.c.lease_until <= now))
+                if taken.rowcount:
+                    return Lease(str(lapsed.seq), lapsed.task_id, lease_sec, consumer)
+                continue
+            for i, tenant in enumerate(candidate.tenant for candidate in candidates):
                 turn = await self._locked_turn(conn, tenant, skip_locked=holding)
                 if turn is None:
                     contended = True  # another claimer is serving it right now
@@ -412,20 +417,55 @@ class SqlTaskStore:
                 cap = self.fairness.cap(tenant)
                 if cap is not None and await self._running(conn, tenant) >= cap:
                     continue  # at its cap: skipped, not waited for
-                row = (await conn.execute(
-                    sa.select(queue.c.seq, queue.c.task_id)
-                    .where(queue.c.tenant == tenant, queue.c.lease_until.is_(None))
-                    .order_by(queue.c.seq).limit(1).with_for_update(skip_locked=True))).first()
+                row = await self._lease_first_waiting(conn, tenant, leased)
                 if row is None:
                     contended = True  # its last waiting task was taken meanwhile
                     continue
-                await conn.execute(leased.where(queue.c.seq == row.seq))
-                await conn.execute(turns.update().where(turns.c.tenant == tenant).values(
+                await conn.execute(schema.turns.update().where(schema.turns.c.tenant == tenant).values(
                     turn=turn + self.fairness.stride(tenant), served_at_turn=turn))
                 return Lease(str(row.seq), row.task_id, lease_sec, consumer)
             if not contended:
                 break
         return None
+
+    async def _look(self, conn: AsyncConnection, now: float,
+                    lapsed_too: bool) -> tuple[sa.Row[Any] | None, list[sa.Row[Any]]]:
+        """The oldest lapsed lease (if `lapsed_too`) and the tenants with waiting tasks, lowest pass first,
+        read in one statement, locking nothing.
+
+        A lease that ran out is taken over before any new task: it already counts against its tenant's cap,
+        and it is the oldest work.
+        """
+        queue, turns = schema.queue, schema.turns
+        has_waiting = sa.exists().where(queue.c.tenant == turns.c.tenant, queue.c.lease_until.is_(None))
+        waiting = (sa.select(sa.literal(1).label("kind"), sa.cast(sa.null(), queue.c.seq.type).label("seq"),
+                             sa.cast(sa.null(), queue.c.task_id.type).label("task_id"), turns.c.tenant, turns.c.turn)
+                   .where(has_waiting).order_by(turns.c.turn, turns.c.tenant).limit(_TURN_CANDIDATES))
+        if not lapsed_too:
+            return None, list((await conn.execute(waiting)).all())
+        lapsed = (sa.select(sa.literal(0).label("kind"), queue.c.seq, queue.c.task_id,
+                            sa.cast(sa.null(), turns.c.tenant.type).label("tenant"),
+                            sa.cast(sa.null(), turns.c.turn.type).label("turn"))
+                  .where(queue.c.lease_until <= now).order_by(queue.c.lease_until).limit(1))
+        both = sa.union_all(*(sa.select(part.subquery()) for part in (lapsed, waiting))).subquery()
+        rows = (await conn.execute(sa.select(both).order_by(both.c.kind, both.c.turn, both.c.tenant))).all()
+        if rows and rows[0].kind == 0:
+            return rows[0], []
+        return None, list(rows)
+
+    async def _lease_first_waiting(self, conn: AsyncConnection, tenant: str,
+                                   leased: sa.Update) -> sa.Row[Any] | None:
+        """Lease the tenant's oldest waiting task (its turn row locked by this claim): (seq, task_id), or None."""
+        queue = schema.queue
+        first = (sa.select(queue.c.seq).where(queue.c.tenant == tenant, queue.c.lease_until.is_(None))
+                 .order_by(queue.c.seq).limit(1).with_for_update(skip_locked=True))
+        if self.postgres:  # one statement: UPDATE ... RETURNING
+            taken = leased.where(queue.c.seq == first.scalar_subquery()).returning(queue.c.seq, queue.c.task_id)
+            return (await conn.execute(taken)).first()
+        row = (await conn.execute(first.add_columns(queue.c.task_id))).first()
+        if row is not None:
+            await conn.execute(leased.where(queue.c.seq == row.seq))
+        return row
 
     @staticmethod
     async def _running(conn: AsyncConnection, tenant: str) -> int:
@@ -442,10 +482,8 @@ class SqlTaskStore:
     async def _ack(self, conn: AsyncConnection, lease: Lease) -> None:
         # only the lease's holder: a worker whose lease ran out and was taken over frees nothing
         queue = schema.queue
-        acked = await conn.execute(queue.delete().where(queue.c.seq == int(lease.entry_id),
-                                                        queue.c.lease_owner == lease.owner))
-        if acked.rowcount:
-            await self._notify(conn)
+        acked = queue.delete().where(queue.c.seq == int(lease.entry_id), queue.c.lease_owner == lease.owner)
+        await conn.execute(acked.returning(_NOTIFY) if self.postgres else acked)  # NOTIFY only if it freed one
         self._wakeup.set()  # a tenant at its running cap may have a turn again
 
     async def ack(self, lease: Lease) -> None:

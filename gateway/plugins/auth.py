@@ -5,11 +5,11 @@ The tenant header the upstream trusts is only ever set here: the proxy drops any
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Awaitable, ClassVar
 
 from exports_common.errors import ApiError, ErrorKind
 from gateway.context import Handler, RequestContext
-from gateway.plugins.base import PluginBase, RouteInfo, Settings
+from gateway.plugins.base import Gatekeeper, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
 
@@ -20,17 +20,16 @@ class AuthSettings(Settings):
     required: bool = True
 
 
-class Auth(PluginBase[AuthSettings]):
+class Auth(Gatekeeper[AuthSettings]):
     name: ClassVar[str] = "auth"
     Settings: ClassVar[type[AuthSettings]] = AuthSettings
-    gatekeeper: ClassVar[bool] = True
     provides: ClassVar[frozenset[str]] = frozenset({"tenant"})
 
     def __init__(self, next: Handler, settings: AuthSettings, services: Services, route: RouteInfo) -> None:
         super().__init__(next, settings, services, route)
         self.required = settings.required
 
-    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
+    def admit(self, ctx: RequestContext) -> Awaitable[GatewayResponse] | None:
         # the tenant first: rate_limit has usually resolved it, and a valid key needs no second header lookup
         tenant = self.services.tenants.caller(ctx)
         if tenant is None:
@@ -38,7 +37,7 @@ class Auth(PluginBase[AuthSettings]):
                 raise ApiError(ErrorKind.UNAUTHORIZED, "the API key is not valid", headers=_CHALLENGE)
             if self.required:
                 raise ApiError(ErrorKind.UNAUTHORIZED, headers=_CHALLENGE)
-            return await self.next(ctx)
+            return None
         ctx.tenant = tenant
         ctx.upstream_headers["x-tenant-id"] = tenant
-        return await self.next(ctx)
+        return None

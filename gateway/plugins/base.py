@@ -11,12 +11,17 @@ A plugin also owns everything else about itself: its state (`services.state.kv`,
 `services.state.shared`), its counters (`services.metrics.tally`), its background
 work, its gauges and its part of /admin/stats, through the class-level hooks
 below. Nothing outside the plugin's module names it but the registry.
+
+A `Gatekeeper` (rate_limit, auth, task_id) only decides whether a request goes on,
+mostly without an await. It says so in `admit`, and the chain runs consecutive
+gatekeepers as one handler (`Gatekeepers`): a request they all admit reaches the
+handler after them through one coroutine instead of one per plugin.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Coroutine, Generic, TypeVar
+from typing import Any, Awaitable, Callable, ClassVar, Coroutine, Generic, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -136,3 +141,49 @@ class PluginBase(ABC, Generic[S]):
 
 
 Plugin = PluginBase[Any]
+
+
+class Gatekeeper(PluginBase[S]):
+    """A plugin that only decides whether a request goes on, saying so in `admit` (no await for most requests).
+
+    It subclasses this instead of `PluginBase` and defines `admit` instead of `__call__`.
+    """
+
+    gatekeeper: ClassVar[bool] = True
+
+    @abstractmethod
+    def admit(self, ctx: RequestContext) -> Awaitable[GatewayResponse] | None:
+        """None: the request goes on to the next handler, and nothing of this plugin is left to do before or after
+        it. Else the request's answer, to await: a refusal, or the next handler's answer with what this plugin
+        does around it (an await before, headers added after). Raising `ApiError` refuses too."""
+
+    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
+        answer = self.admit(ctx)
+        return await (self.next(ctx) if answer is None else answer)
+
+
+class Gatekeepers:
+    """Consecutive gatekeepers of a chain, outermost first, run as one handler.
+
+    A request each admits goes straight to the handler after the last. One whose `admit` answers (or goes on
+    only after an await) continues through that gatekeeper's own `next`: the rest of the chain runs as it does
+    plugin by plugin.
+    """
+
+    def __init__(self, gates: Sequence[Gatekeeper[Any]]) -> None:
+        self.gates = tuple(gates)
+        self.admits = tuple(gate.admit for gate in gates)
+        self.next = gates[-1].next
+
+    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
+        for admit in self.admits:
+            answer = admit(ctx)
+            if answer is not None:
+                return await answer
+        return await self.next(ctx)
+
+
+def gatekeepers(gates: Sequence[Gatekeeper[Any]], outermost: Handler) -> Handler:
+    """The handler that runs `gates`, consecutive in a chain and outermost first: one `Gatekeepers` for two or
+    more, else `outermost` (the first of them, or the handler after them when there are none)."""
+    return Gatekeepers(gates) if len(gates) > 1 else outermost

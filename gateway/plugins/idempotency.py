@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 from redis.exceptions import RedisError
 
-from exports_common.body_bounds import BodyBytes
+from exports_common.body_bounds import AnswerBytes, BodyBytes
 from exports_common.errors import ApiError, ErrorKind, validation_error
 from exports_common.task_ids import PREFIX_PATTERN, new_task_id
 from gateway.context import Handler, RequestContext
@@ -59,7 +59,7 @@ class IdempotencySettings(Settings):
     task_id_prefix: str = Field("exp", pattern=PREFIX_PATTERN.pattern,
                                 description="of the task id fixed at claim time; the same as the route's task_id")
     max_keys_per_tenant: int = Field(200_000, ge=1, description="beyond it a new key gets 429 until old ones expire")
-    max_stored_answer_bytes: int = Field(65_536, ge=0, description="a bigger answer is kept only as its hash")
+    max_stored_answer_bytes: AnswerBytes = Field(65_536, ge=0, description="a bigger answer is kept only as its hash")
     max_body_bytes: BodyBytes = Field(65_536, ge=64, description="used only when no earlier plugin read the body")
 
 

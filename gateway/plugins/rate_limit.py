@@ -13,13 +13,14 @@ answers 429 (code 42901) at that quota, which passes through as it is.
 """
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Awaitable, ClassVar, Literal
 
 from pydantic import Field
 
 from gateway.address_limit import check_address, ratelimit_headers, refusal
 from gateway.context import Handler, RequestContext
-from gateway.plugins.base import PluginBase, RouteInfo, Settings
+from gateway.limiter import Quota
+from gateway.plugins.base import Gatekeeper, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
 
@@ -31,10 +32,9 @@ class RateLimitSettings(Settings):
     active_tasks: bool = Field(False, description="send the tenant's max_active_tasks to the upstream")
 
 
-class RateLimit(PluginBase[RateLimitSettings]):
+class RateLimit(Gatekeeper[RateLimitSettings]):
     name: ClassVar[str] = "rate_limit"
     Settings: ClassVar[type[RateLimitSettings]] = RateLimitSettings
-    gatekeeper: ClassVar[bool] = True
 
     def __init__(self, next: Handler, settings: RateLimitSettings, services: Services, route: RouteInfo) -> None:
         super().__init__(next, settings, services, route)
@@ -42,23 +42,34 @@ class RateLimit(PluginBase[RateLimitSettings]):
         self.submits = settings.limit == "submits"
         self.active_tasks = settings.active_tasks
 
-    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        services = self.services
-        tenants = services.tenants
+    def admit(self, ctx: RequestContext) -> Awaitable[GatewayResponse] | None:
+        tenants = self.services.tenants
         tenant = tenants.caller(ctx)
         if tenant is None:
-            refused = await check_address(services, ctx.scope)
-            return refused if refused is not None else await self.next(ctx)
+            return self._by_address(ctx)
         limits = tenants.limits.by_tenant[tenant]  # limits_of's lookup, without its call
-        quota = limits.submits if self.submits else limits.requests
+        if self.active_tasks:  # sent upstream only if the request is admitted
+            ctx.upstream_headers[ACTIVE_TASKS_HEADER] = str(limits.max_active_tasks)
+        if self.submits:  # the answer carries the RateLimit headers, from the decision's numbers
+            return self._decided(ctx, tenant, limits.submits)
+        if self.services.limiter.admits_in_process(tenant, self.limit, limits.requests):
+            return None
+        # refused, or the limits are in Redis: decided again with the numbers a refusal needs, or by Redis
+        return self._decided(ctx, tenant, limits.requests)
+
+    async def _by_address(self, ctx: RequestContext) -> GatewayResponse:
+        refused = await check_address(self.services, ctx.scope)
+        return refused if refused is not None else await self.next(ctx)
+
+    async def _decided(self, ctx: RequestContext, tenant: str, quota: Quota) -> GatewayResponse:
+        services = self.services
+        limits = services.tenants.limits
         decision = services.limiter.hit_in_process(tenant, self.limit, quota)
         if decision is None:
-            decision = await services.limiter.hit(tenant, self.limit, quota, tenants.limits.gateway_processes)
+            decision = await services.limiter.hit(tenant, self.limit, quota, limits.gateway_processes)
         if not decision.allowed:
-            await self.services.refusal_hold(f"{tenant}:{self.limit}", tenants.limits.hold)
+            await services.refusal_hold(f"{tenant}:{self.limit}", limits.hold)
             return refusal(self.limit, quota, decision, f"tenant {tenant}")
-        if self.active_tasks:
-            ctx.upstream_headers[ACTIVE_TASKS_HEADER] = str(limits.max_active_tasks)
         resp = await self.next(ctx)
         if self.submits:
             for name, value in ratelimit_headers(self.limit, quota, decision).items():

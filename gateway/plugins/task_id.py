@@ -8,16 +8,18 @@ answers 404 at once for anything that is not a task id, without an upstream call
 """
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Awaitable, ClassVar, Literal
 
 from pydantic import Field
 
 from exports_common.errors import ApiError, ErrorKind
 from exports_common.task_ids import PREFIX_PATTERN, is_task_id, new_task_id
 from gateway.context import Handler, RequestContext
-from gateway.plugins.base import Contract, PluginBase, RouteInfo, Settings
+from gateway.plugins.base import Contract, Gatekeeper, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
+
+VALID_IDS_KEPT = 1024  # ids found valid kept per route (each under 60 characters)
 
 
 class TaskIdSettings(Settings):
@@ -28,10 +30,9 @@ class TaskIdSettings(Settings):
     retry_after_sec: int = Field(1, ge=1, description="generate: when to poll first")
 
 
-class TaskId(PluginBase[TaskIdSettings]):
+class TaskId(Gatekeeper[TaskIdSettings]):
     name: ClassVar[str] = "task_id"
     Settings: ClassVar[type[TaskIdSettings]] = TaskIdSettings
-    gatekeeper: ClassVar[bool] = True
     provides: ClassVar[frozenset[str]] = frozenset({"task_id"})  # either action: `contract` says how
 
     @classmethod
@@ -45,14 +46,25 @@ class TaskId(PluginBase[TaskIdSettings]):
         super().__init__(next, settings, services, route)
         self.check = settings.action == "check"
         self.param = settings.param
+        # ids found valid lately: a client polls one task again and again, and a set lookup is far cheaper than
+        # the pattern's match; emptied when it holds VALID_IDS_KEPT, so what clients send cannot grow it
+        self._valid: set[str] = set()
 
-    async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        if self.check:
-            task_id = ctx.params.get(self.param, "")
+    def admit(self, ctx: RequestContext) -> Awaitable[GatewayResponse] | None:
+        if not self.check:
+            return self._generated(ctx)
+        task_id = ctx.params.get(self.param, "")
+        if task_id not in self._valid:
             if not is_task_id(task_id):
                 raise ApiError(ErrorKind.TASK_NOT_FOUND)
-            ctx.task_id = task_id
-            return await self.next(ctx)
+            if len(self._valid) >= VALID_IDS_KEPT:
+                self._valid.clear()
+            self._valid.add(task_id)
+        ctx.task_id = task_id
+        return None
+
+    async def _generated(self, ctx: RequestContext) -> GatewayResponse:
+        """generate: the upstream's answer for the task named here, a new task's 202 when it took it."""
         if ctx.task_id is None:
             ctx.task_id = new_task_id(self.settings.prefix)
         ctx.upstream_headers["x-task-id"] = ctx.task_id
