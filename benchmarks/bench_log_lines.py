@@ -1,11 +1,12 @@
-"""One JSON log line's instructions: the gateway's formatter (exports_common/jsonlog.py) against python-json-logger.
+"""One JSON log line's instructions: the gateway's formatter (exports_common/jsonlog.py, python-json-logger's with
+the line's fields) against python-json-logger's configured alone.
 
 Each formatter formats N access-log records (the fields `gateway/access_log.py` writes, with the request and trace
 ids in their context variables) in a child process under `valgrind --tool=callgrind`, with N and 0 records; the
-difference over N is one line's cost, record creation included (the same for both). python-json-logger gets the ids
-as the gateway's formatter does, from a filter reading the context variables.
+difference over N is one line's cost, record creation included (the same for both). The bare python-json-logger gets
+the ids from a filter reading the context variables; the gateway's formatter reads them itself.
 
-    python -m benchmarks.bench_log_lines [--lines 2000]    (pip install -e '.[bench]': python-json-logger)
+    python -m benchmarks.bench_log_lines [--lines 2000]
 """
 from __future__ import annotations
 

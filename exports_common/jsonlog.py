@@ -1,12 +1,13 @@
-"""Structured logs: one JSON object per line, with trace and task ids when known."""
+"""Structured logs: one JSON object per line (python-json-logger), with trace and task ids when known."""
 from __future__ import annotations
 
-import json
 import logging
 import sys
-import time
 from contextvars import ContextVar
 from typing import Any, Protocol
+
+from pythonjsonlogger.core import RESERVED_ATTRS
+from pythonjsonlogger.json import JsonFormatter as LibraryJsonFormatter
 
 task_id_var: ContextVar[str | None] = ContextVar("task_id", default=None)
 trace_id_var: ContextVar[str | None] = ContextVar("trace_id", default=None)
@@ -23,26 +24,29 @@ class LogIds(Protocol):
 # set at once (one context variable set per request, not three); read only when a line is written
 request_ids_var: ContextVar[LogIds | None] = ContextVar("request_ids", default=None)
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "color_message"}
 
+class JsonFormatter(LibraryJsonFormatter):
+    """`{"ts": <Unix seconds>, "level": "info", "logger", "msg", the ids, the record's extra fields, "exc"}`.
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": round(time.time(), 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
+    The ids: a record's own field first, else the backend's context variables, else the request's `request_ids_var`.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(["levelname", "name", "message"],
+                         rename_fields={"levelname": "level", "name": "logger", "message": "msg", "exc_info": "exc"},
+                         reserved_attrs=[*RESERVED_ATTRS, "color_message"],  # uvicorn's copy of the message
+                         json_default=str)
+
+    def add_fields(self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]) -> None:
+        log_data["ts"] = round(record.created, 3)
+        super().add_fields(log_data, record, message_dict)
+        log_data["level"] = record.levelname.lower()
         ids = request_ids_var.get()
         for key, var in _VARS.items():
-            value = record.__dict__.get(key) or var.get() or (ids.get(key) if ids is not None else None)
-            if value:
-                out[key] = value
-        out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD and k not in out})
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+            if not record.__dict__.get(key) and (value := var.get() or (ids.get(key) if ids is not None else None)):
+                log_data[key] = value
+        if "exc" in log_data:  # the traceback last, after the ids
+            log_data["exc"] = log_data.pop("exc")
 
 
 def setup(level: str = "info") -> None:

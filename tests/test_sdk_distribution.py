@@ -22,6 +22,8 @@ from tests.client_stack import start_stack
 from tests.conftest import DEMO_KEY
 from tests.procs import ROOT, Service
 
+# what the SDK needs: httpx, rich for exportctl's progress bar, standardwebhooks for verify_webhook
+SDK_DEPENDS = ("httpx", "rich", "standardwebhooks")
 # what the server side needs and a client must not get with the SDK
 SERVER_ONLY = ("export-gateway", "starlette", "uvicorn", "redis", "pydantic", "orjson", "aiohttp", "pyyaml",
                "obstore", "watchfiles", "opentelemetry-api", "prometheus-client")
@@ -63,7 +65,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     return Installed(venv, home)
 
 
-def test_the_sdk_installs_alone_with_httpx_and_rich_and_nothing_of_the_server(installed: Installed) -> None:
+def test_the_sdk_installs_alone_with_its_dependencies_and_nothing_of_the_server(installed: Installed) -> None:
     out = installed.python(
         "import importlib.metadata as m, json, exports_client, exports_client.cli, exports_client.aio\n"
         "print(json.dumps({'dists': sorted(d.metadata['Name'].lower() for d in m.distributions()),\n"
@@ -71,9 +73,9 @@ def test_the_sdk_installs_alone_with_httpx_and_rich_and_nothing_of_the_server(in
         "                  'file': exports_client.__file__, 'module_version': exports_client.__version__}))")
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout)
-    assert {"exports-client", "httpx", "rich"} <= set(found["dists"])
+    assert {"exports-client", *SDK_DEPENDS} <= set(found["dists"])
     assert not set(SERVER_ONLY) & set(found["dists"]), found["dists"]
-    assert {re.split(r"[<>=!~; ]", r, maxsplit=1)[0] for r in found["requires"]} == {"httpx", "rich"}
+    assert {re.split(r"[<>=!~; ]", r, maxsplit=1)[0] for r in found["requires"]} == set(SDK_DEPENDS)
     assert found["version"] == found["module_version"] == __version__
     assert Path(found["file"]).is_relative_to(installed.venv)  # the installed copy, not the repository's
 
@@ -82,7 +84,7 @@ def test_the_root_bundles_the_sdk_with_the_same_dependencies_and_never_depends_o
     root = tomllib.loads((ROOT / "pyproject.toml").read_text())
     sdk = tomllib.loads((ROOT / "sdk" / "pyproject.toml").read_text())
     depends = root["project"]["dependencies"]
-    assert sorted(sdk["project"]["dependencies"]) == sorted(d for d in depends if d.startswith(("httpx", "rich")))
+    assert sorted(sdk["project"]["dependencies"]) == sorted(d for d in depends if d.startswith(SDK_DEPENDS))
     assert not [d for d in depends if re.match(r"exports[-_.]client\b", d, re.IGNORECASE)]
     assert "exports_client*" in root["tool"]["setuptools"]["packages"]["find"]["include"]
     assert root["project"]["scripts"]["exportctl"] == sdk["project"]["scripts"]["exportctl"]

@@ -131,7 +131,8 @@ def test_webhook_signatures_reject_tampering_replay_and_other_secrets() -> None:
     assert webhooks.verify(secret, headers, body) and webhooks.verify(other, headers, body)
     assert not webhooks.verify(secret, headers, body + b"x")
     assert not webhooks.verify(secret, dict(headers, **{"webhook-id": "msg_2"}), body)
-    assert not webhooks.verify(secret, headers, body, now=int(headers["webhook-timestamp"]) + 301)
+    stale = webhooks.sign([secret], "msg_1", body, timestamp=int(headers["webhook-timestamp"]) - 301)
+    assert not webhooks.verify(secret, stale, body)
     assert not webhooks.verify("whsec_" + "A" * 32, headers, body)
 
 
@@ -151,6 +152,38 @@ def test_webhook_verifiers_refuse_a_timestamp_that_is_not_unix_seconds(stamp: st
         verify_webhook(secret, headers, body)
     good = webhooks.sign([secret], "msg_1", body)
     assert webhooks.verify(secret, good, body) and verify_webhook(secret, good, body) == {"task_id": "x"}
+
+
+@pytest.mark.inprocess
+@pytest.mark.parametrize("offered", ["v1", "v1,abc", "v1,a,b", "v1,\u00e9\u00e9\u00e9\u00e9", ",", "", "v2,AAAA"])
+def test_webhook_verifiers_refuse_a_malformed_signature_entry(offered: str) -> None:
+    """Unauthenticated input the library would raise ValueError on (no comma, bad base64): a refusal, not a crash."""
+    from exports_client import WebhookVerificationError, verify_webhook
+
+    secret = "whsec_iCl0WN940QaVoCJovUTAq++Q04VVO3U5"
+    body = b'{"task_id":"x"}'
+    good = webhooks.sign([secret], "msg_1", body)
+    headers = good | {"webhook-signature": offered}
+    assert webhooks.verify(secret, headers, body) is False
+    with pytest.raises(WebhookVerificationError, match=r"no signature matches|missing"):
+        verify_webhook(secret, headers, body)
+    # the SDK checks each entry apart: a good one next to a malformed one still passes
+    both = good | {"webhook-signature": f"{offered} {good['webhook-signature']}"}
+    assert verify_webhook(secret, both, body) == {"task_id": "x"}
+
+
+@pytest.mark.inprocess
+def test_webhook_verifiers_refuse_a_body_that_is_not_utf8_and_name_a_bad_secret() -> None:
+    from exports_client import WebhookVerificationError, verify_webhook
+
+    secret = "whsec_iCl0WN940QaVoCJovUTAq++Q04VVO3U5"
+    headers = webhooks.sign([secret], "msg_1", b"{}")
+    assert webhooks.verify(secret, headers, b"\xff\xfe") is False
+    with pytest.raises(WebhookVerificationError, match="not UTF-8"):
+        verify_webhook(secret, headers, b"\xff\xfe")
+    for bad, problem in (("whsec_", "empty"), ("whsec_abcde", "not 'whsec_' and base64"), ("\u00e9", "base64")):
+        with pytest.raises(WebhookVerificationError, match=problem):
+            verify_webhook(bad, headers, b"{}")
 
 
 async def _call_in_flight(breaker: Breaker, answer: asyncio.Future[GatewayResponse]) -> asyncio.Task[GatewayResponse]:
