@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections import OrderedDict
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, MutableMapping, Protocol
+
+from cachetools import FIFOCache
 
 from exports_common.redis_client import AnyRedis
 
@@ -40,29 +41,33 @@ class KeyValue(Protocol):
 
 
 class MemoryKV:
+    """Held in this process: at most `max_items` entries, the oldest write out first, each with its own expiry.
+
+    The bound and the eviction are cachetools' `FIFOCache`; an entry is `(expires_at, value)`, dropped when a
+    read finds it expired.
+    """
+
     def __init__(self, max_items: int = 100_000) -> None:
         self.max_items = max_items
-        self._items: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        self._entries: MutableMapping[str, tuple[float, bytes]] = FIFOCache(maxsize=max_items)
         self._indexes: dict[str, dict[str, float]] = {}
         self.get_now: Callable[[str], bytes | None] | None = self._live
 
     def _live(self, key: str) -> bytes | None:
-        item = self._items.get(key)
-        if item is None:
+        try:
+            expires_at, value = self._entries[key]
+        except KeyError:
             return None
-        if item[0] <= time.monotonic():
-            del self._items[key]
+        if expires_at <= time.monotonic():
+            del self._entries[key]
             return None
-        return item[1]
+        return value
 
     async def get(self, key: str) -> bytes | None:
         return self._live(key)
 
     async def set(self, key: str, value: bytes, ttl: float) -> None:
-        self._items[key] = (time.monotonic() + ttl, value)
-        self._items.move_to_end(key)
-        while len(self._items) > self.max_items:
-            self._items.popitem(last=False)
+        self._entries[key] = (time.monotonic() + ttl, value)
 
     async def add(self, key: str, value: bytes, ttl: float) -> bool:
         if self._live(key) is not None:
@@ -87,10 +92,10 @@ class MemoryKV:
         return True
 
     async def delete(self, key: str) -> None:
-        self._items.pop(key, None)
+        self._entries.pop(key, None)
 
     def size(self) -> int | None:
-        return len(self._items)
+        return len(self._entries)
 
 
 class SqliteKV:
