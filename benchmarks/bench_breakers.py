@@ -19,10 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import sys
 from typing import Any, cast
 
-from benchmarks.callgrind import instructions
+from benchmarks.callgrind import per_operation
 from gateway.breakers import Breaker, guarded
 from gateway.response import GatewayResponse
 from gateway.telemetry import Metrics
@@ -129,11 +128,6 @@ def run(name: str, calls: int) -> None:
     print(asyncio.run(through_gateway(calls) if name == "gateway" else through_purgatory(calls)))
 
 
-def per_call(name: str, calls: int) -> float:
-    argv = [sys.executable, "-m", "benchmarks.bench_breakers", "--child", name]
-    return (instructions([*argv, str(calls)], {}) - instructions([*argv, "0"], {})) / calls
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=5000)
@@ -150,7 +144,7 @@ def main() -> None:
             print(f"{name}: {asyncio.run(trials(args.half_open))} of {args.half_open} concurrent calls reached "
                   "the upstream while half-open (one trial is the breaker's rule)")
         return
-    counted = {name: per_call(name, args.calls) for name in IMPLEMENTATIONS}
+    counted = {name: per_operation("benchmarks.bench_breakers", [name], args.calls) for name in IMPLEMENTATIONS}
     for name, count in counted.items():
         print(f"{name}: {count:,.0f} instructions per call ({count / counted['gateway']:.2f}x the gateway's)")
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
-from benchmarks.callgrind import instructions
+from benchmarks.callgrind import per_operation
 from exports_common import jsonlog
 
 IDS = {"request_id": jsonlog.request_id_var, "trace_id": jsonlog.trace_id_var, "task_id": jsonlog.task_id_var}
@@ -58,11 +57,6 @@ def format_lines(name: str, lines: int) -> None:
     print(written)
 
 
-def per_line(name: str, lines: int) -> float:
-    argv = [sys.executable, "-m", "benchmarks.bench_log_lines", "--child", name]
-    return (instructions([*argv, str(lines)], {}) - instructions([*argv, "0"], {})) / lines
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lines", type=int, default=2000)
@@ -71,7 +65,7 @@ def main() -> None:
     if args.child:
         format_lines(args.child[0], int(args.child[1]))
         return
-    counted = {name: per_line(name, args.lines) for name in FORMATTERS}
+    counted = {name: per_operation("benchmarks.bench_log_lines", [name], args.lines) for name in FORMATTERS}
     for name, count in counted.items():
         print(f"{name}: {count:,.0f} instructions per line ({count / counted['jsonlog']:.2f}x jsonlog)")
 

@@ -17,14 +17,13 @@ entry, awaited as the plugins do (every store's write is a coroutine, as the key
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections import OrderedDict
 from typing import Any, Callable, Coroutine
 
 from cachetools import LRUCache, TLRUCache
 
-from benchmarks.callgrind import instructions
+from benchmarks.callgrind import per_operation
 from gateway.kv import MemoryKV
 
 ENTRIES = 1000
@@ -159,11 +158,6 @@ def run(name: str, op: str, n: int) -> None:
     print(found)
 
 
-def per_op(name: str, op: str, n: int) -> float:
-    argv = [sys.executable, "-m", "benchmarks.bench_memory_kv", "--child", name, op]
-    return (instructions([*argv, str(n)], {}) - instructions([*argv, "0"], {})) / n
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ops", type=int, default=20_000)
@@ -174,7 +168,7 @@ def main() -> None:
         run(args.child[0], args.child[1], int(args.child[2]))
         return
     for op in OPS if args.op == "all" else (args.op,):
-        counted = {name: per_op(name, op, args.ops) for name in STORES}
+        counted = {name: per_operation("benchmarks.bench_memory_kv", [name, op], args.ops) for name in STORES}
         for name, count in counted.items():
             print(f"{op:5} {name:15} {count:9,.0f} instructions ({count / counted['hand-written']:.2f}x hand-written)")
 

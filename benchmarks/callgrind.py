@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -15,6 +16,13 @@ def instructions(argv: list[str], env: dict[str, str]) -> int:
         if run.returncode != 0:
             raise RuntimeError(f"the driven process failed:\n{run.stderr[-3000:]}")
         return totals(Path(out.name))
+
+
+def per_operation(module: str, child: list[str], count: int) -> float:
+    """One operation's instructions: `python -m module --child *child N` run with N = `count` and with 0, the
+    difference over `count` (the start-up and the set-up alike on both sides)."""
+    argv = [sys.executable, "-m", module, "--child", *child]
+    return (instructions([*argv, str(count)], {}) - instructions([*argv, "0"], {})) / count
 
 
 def totals(dump: Path) -> int:
