@@ -12,18 +12,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
 
-import httpx
 import yaml
 
 from benchmarks.bench_gateway import best_of
 from benchmarks.harness import AUTH, processes, submit_and_wait
 from tests.conftest import RAISED_LIMITS, backend_config, gateway_config
-from tests.procs import ROOT, SERVICE_TOKEN_ENV, RedisServer, wait_until
+from tests.procs import SERVICE_TOKEN_ENV, RedisServer, stand_in
 
 
 @contextlib.contextmanager
@@ -31,21 +29,12 @@ def granian(config: dict[str, object], workdir: Path, name: str, workers: int) -
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     port = int(str(config["port"]))
-    granian_bin = Path(sys.executable).parent / "granian"
-    log = open(workdir / f"{name}.log", "ab")
-    proc = subprocess.Popen(
-        [str(granian_bin), "--interface", "asgi", "--loop", "uvloop", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", str(workers), "--no-access-log", "--log-level", "warning", "benchmarks.granian_gateway:app"],
-        cwd=ROOT, env=dict(os.environ, **RAISED_LIMITS, **SERVICE_TOKEN_ENV, GATEWAY_CONFIG=str(path)), stdout=log,
-        stderr=subprocess.STDOUT)
-    log.close()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, 30, what=name)
+    command = [str(Path(sys.executable).parent / "granian"), "--interface", "asgi", "--loop", "uvloop",
+               "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers), "--no-access-log",
+               "--log-level", "warning", "benchmarks.granian_gateway:app"]
+    env = dict(os.environ, **RAISED_LIMITS, **SERVICE_TOKEN_ENV, GATEWAY_CONFIG=str(path))
+    with stand_in(command, port, name, env=env, log=workdir / f"{name}.log", timeout=30) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(15)
 
 
 def main() -> None:

@@ -79,18 +79,24 @@ def wait_until(check: Callable[[], Any], timeout: float = 15.0, interval: float 
 
 @contextlib.contextmanager
 def stand_in(command: list[str], port: int, what: str, ready_path: str = "/healthz",
-             env: dict[str, str] | None = None, log: Path | None = None) -> Iterator[str]:
+             env: dict[str, str] | None = None, log: Path | None = None, timeout: float = 20.0) -> Iterator[str]:
     """A test's stand-in server, `command` listening on `port` (run from the project root, its output to `log`
-    or nowhere): its URL once `ready_path` answers 200, the process stopped at the end."""
+    or nowhere): its URL once `ready_path` answers 200 (within `timeout` seconds), the process stopped at the end."""
     with open(log, "ab") if log is not None else open(os.devnull, "wb") as out:
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+        # a session of its own: a server with worker processes (granian) is killed whole if it will not stop
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: httpx.get(f"{url}{ready_path}", timeout=1).status_code == 200, 20, what=what)
+        wait_until(lambda: httpx.get(f"{url}{ready_path}", timeout=1).status_code == 200, timeout, what=what)
         yield url
     finally:
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:  # granian now and then ignores SIGTERM
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
 
 def uvicorn_command(app: str, port: int) -> list[str]:
