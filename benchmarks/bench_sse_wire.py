@@ -1,6 +1,6 @@
 """The event streams' wire format: sse-starlette's EventSourceResponse against Starlette's StreamingResponse.
 
-    python -m benchmarks.bench_sse_wire [--before DIR]
+    python -m benchmarks.bench_sse_wire [--other DIR]
 
 The same minimal app (uvicorn with httptools and uvloop, as the gateway runs) serves N streams
 that each wait on an asyncio.Event, as the gateway's streams wait on their subscriber, and
@@ -8,11 +8,12 @@ send a heartbeat comment every second (15 s in the product: 1 s here so that the
 they cost can be measured). Variant `sse`: EventSourceResponse with its ping (a task of its
 own per stream), its disconnect listener and its shutdown watcher. Variant `streaming`: a
 StreamingResponse whose generator sends the heartbeat itself (a timeout scope on the event), with
-Starlette's own disconnect listener. Variant `gateway`: the gateway's stream body
-(gateway/plugins/events/stream.py: StreamingResponse with a bound on each send and the ways a
-stream ends); with `--before DIR`, also the stream body of an earlier checkout in DIR (its
-`gateway` package imported instead of this one's). Measured, alternately, in one run: the server's RSS
-growth per 1,000 open streams, and its CPU share over 10 s of heartbeats only.
+Starlette's own disconnect listener. Variant `gateway`: the gateway's own stream body
+(gateway/plugins/events/stream.py: the request's task and one disconnect watcher, no anyio);
+with `--other DIR`, also the stream body of another checkout in DIR (its `gateway` package
+imported instead of this one's), such as the commit that put it on StreamingResponse.
+Measured, alternately, in one run: the server's RSS growth per 1,000 open streams, and its CPU
+share over 10 s of heartbeats only.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ APP = textwrap.dedent('''
         return PlainTextResponse("ok")
 
     class GatewayStream:
-        """The gateway's stream body (gateway/plugins/events/stream.py) on a subscriber nothing feeds."""
+        """The gateway's own stream body (gateway/plugins/events/stream.py) on a subscriber nothing feeds."""
 
         async def __call__(self, scope, receive, send):
             sub = Subscriber("t", "x", "r", None, None, "", 262144)
@@ -136,12 +137,12 @@ async def measure(variant: str, workdir: Path, root: Path) -> tuple[float, float
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--before", type=Path, help="also measure the stream body of an earlier checkout")
+    parser.add_argument("--other", type=Path, help="also measure the stream body of another checkout")
     args = parser.parse_args()
     here = Path(__file__).resolve().parents[1]
     variants = [("sse", here), ("streaming", here), ("gateway", here)]
-    if args.before:
-        variants.append(("before", args.before.resolve()))
+    if args.other:
+        variants.append(("other", args.other.resolve()))
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),) * 2)
     print(f"load average: {os.getloadavg()}; {STREAMS} streams, heartbeat every {HEARTBEAT_SEC:g} s")
     with tempfile.TemporaryDirectory(prefix="bench-sse-wire-") as tmp:

@@ -1,10 +1,11 @@
 """One stream's body on the wire: the subscriber's frames, keep-alive comments, and the ways a stream ends.
 
-The body is Starlette's StreamingResponse fed by an async generator of chunks (the frames
-and comments); the product adds a bound on each send and the ways a stream ends. Not
-sse-starlette's EventSourceResponse: it runs four anyio tasks per stream (the body, its
-ping, a disconnect listener, a shutdown watcher), half of an open stream's memory in the
-gateway; StreamingResponse runs the body and a disconnect listener (benchmarks/bench_sse_wire.py).
+Written here rather than through a library's response: a stream is its own request's task
+plus one that waits for the client to leave. sse-starlette's EventSourceResponse runs four
+anyio tasks per stream (the body, its ping, a disconnect listener, a shutdown watcher), and
+Starlette's StreamingResponse, under uvicorn (ASGI spec 2.3), an anyio task group with the body
+in a task of its own beside a disconnect listener; an open stream is multiplied by thousands,
+and both hold more memory per stream (docs/libraries.md has the figures and their commands).
 
 - `retry:` goes first, with whatever is already queued (the opening state).
 - A comment line goes out after `heartbeat_sec` without a frame, so proxies keep it open.
@@ -24,24 +25,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from functools import partial
+from collections.abc import Callable
 from typing import Awaitable
 
-from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from exports_common import shutdown
 from gateway.plugins.events.subscriber import SEP, Subscriber
+from gateway.response import disconnected
 
 log = logging.getLogger("gateway.events")
 HEARTBEAT = f": keep-alive{SEP}{SEP}".encode()
 # ends the stream abruptly: the client must see a cut, not an end
 ABORTS = frozenset({"slow_reader"})
-
-
-class Dropped(Exception):
-    """The reader is dropped: the body stops without its last chunk."""
 
 
 class EventStream:
@@ -62,51 +58,58 @@ class EventStream:
         async with asyncio.timeout(self.send_timeout_sec):
             await send(message)
 
-    async def _chunks(self, head_only: bool) -> AsyncIterator[bytes]:
-        """Frames as they come, and comments between them, until the subscriber ends; Dropped for a cut."""
+    async def _frames(self, send: Send) -> None:
+        """Send frames as they come, and comments between them, until the subscriber ends."""
         sub = self.sub
-        if not head_only:
-            yield self.retry + sub.take()
-            now = time.monotonic()
-            idle_until, beat_at = now + self.idle_close_sec, now + self.heartbeat_sec
-            while True:
-                if sub.pending:
-                    yield sub.take()
-                    now = time.monotonic()
-                    idle_until, beat_at = now + self.idle_close_sec, now + self.heartbeat_sec
-                    continue
-                if sub.ended is not None:
-                    break
-                sub.wake.clear()
-                try:  # a timeout scope, not wait_for: no task of its own for each waiting stream
-                    async with asyncio.timeout(min(idle_until, beat_at) - time.monotonic()):
-                        await sub.wake.wait()
-                except TimeoutError:
-                    now = time.monotonic()
-                    if now >= idle_until:
-                        sub.end("idle")
-                    elif now >= beat_at:
-                        yield HEARTBEAT
-                        beat_at = now + self.heartbeat_sec
-        if sub.ended in ABORTS:
-            raise Dropped
+        await self._send(send, {"type": "http.response.body", "body": self.retry + sub.take(), "more_body": True})
+        now = time.monotonic()
+        idle_until, beat_at = now + self.idle_close_sec, now + self.heartbeat_sec
+        while True:
+            if sub.pending:
+                await self._send(send, {"type": "http.response.body", "body": sub.take(), "more_body": True})
+                now = time.monotonic()
+                idle_until, beat_at = now + self.idle_close_sec, now + self.heartbeat_sec
+                continue
+            if sub.ended is not None:
+                return
+            sub.wake.clear()
+            try:  # a timeout scope, not wait_for: no task of its own for each waiting stream
+                async with asyncio.timeout(min(idle_until, beat_at) - time.monotonic()):
+                    await sub.wake.wait()
+            except TimeoutError:
+                now = time.monotonic()
+                if now >= idle_until:
+                    sub.end("idle")
+                elif now >= beat_at:
+                    await self._send(send, {"type": "http.response.body", "body": HEARTBEAT, "more_body": True})
+                    beat_at = now + self.heartbeat_sec
+
+    def _left(self, gone: asyncio.Future[bool]) -> None:
+        if not gone.cancelled() and gone.result():
+            self.sub.end("client_closed")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, headers: list[tuple[str, str]]) -> None:
         sub = self.sub
+        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+        gone = asyncio.ensure_future(disconnected(receive))
+        gone.add_done_callback(self._left)
         if shutdown.begun():
             sub.end("shutdown")
-        body = StreamingResponse(self._chunks(scope.get("method") == "HEAD"))
-        body.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
         try:
-            # it listens for the client's leaving itself and then stops the body (client_closed, below)
-            await body(scope, receive, partial(self._send, send))
-        except Dropped:  # returning unfinished: the server closes the connection, the client sees a cut
-            log.info("a slow event reader was dropped", extra={"route": sub.route, "tenant": sub.tenant,
-                                                               "task_id": sub.task_id})
+            await self._send(send, {"type": "http.response.start", "status": 200, "headers": raw})
+            if scope.get("method") != "HEAD":
+                await self._frames(send)
+            if sub.ended in ABORTS:
+                log.info("a slow event reader was dropped", extra={"route": sub.route, "tenant": sub.tenant,
+                                                                   "task_id": sub.task_id})
+                return  # without the last chunk: the server closes the connection, the client sees a cut
+            if sub.ended != "client_closed":
+                await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
         except TimeoutError:  # a send the reader did not take in time
             sub.end("slow_reader")
         finally:
-            sub.end("client_closed")  # a no-op unless something else ended it first (else: the client left)
+            gone.cancel()
+            sub.end("client_closed")  # a no-op unless nothing else ended it (the request was cancelled)
             await self.finish(sub.ended or "client_closed", sub.events)
             if self.on_end is not None:
                 self.on_end(sub.events)
