@@ -1,6 +1,6 @@
 """The event streams' wire format: sse-starlette's EventSourceResponse against Starlette's StreamingResponse.
 
-    python -m benchmarks.bench_sse_wire
+    python -m benchmarks.bench_sse_wire [--other DIR]
 
 The same minimal app (uvicorn with httptools and uvloop, as the gateway runs) serves N streams
 that each wait on an asyncio.Event, as the gateway's streams wait on their subscriber, and
@@ -9,12 +9,15 @@ they cost can be measured). Variant `sse`: EventSourceResponse with its ping (a 
 own per stream), its disconnect listener and its shutdown watcher. Variant `streaming`: a
 StreamingResponse whose generator sends the heartbeat itself (a timeout scope on the event), with
 Starlette's own disconnect listener. Variant `gateway`: the gateway's own stream body
-(gateway/plugins/events/stream.py: the request's task and one disconnect watcher, no anyio).
-Measured, alternately, in one run: the server's RSS
-growth per 1,000 open streams, and its CPU share over 10 s of heartbeats only.
+(gateway/plugins/events/stream.py: the request's task and one disconnect watcher, no anyio);
+with `--other DIR`, also the stream body of another checkout in DIR (its `gateway` package
+imported instead of this one's), such as the commit that put it on StreamingResponse.
+Measured, alternately, in one run: the server's RSS growth per 1,000 open streams, and its CPU
+share over 10 s of heartbeats only.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import resource
@@ -91,14 +94,15 @@ def cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def measure(variant: str, workdir: Path) -> tuple[float, float]:
+async def measure(variant: str, workdir: Path, root: Path) -> tuple[float, float]:
+    """The RSS growth per 1,000 streams and the CPU share of heartbeats, with the gateway's package from `root`."""
     port = free_port()
     (workdir / "wire_app.py").write_text(APP)
     server = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "uvicorn", "wire_app:app", "--port", str(port), "--loop", "uvloop", "--http",
         "httptools", "--log-level", "warning", "--limit-concurrency", "10000", cwd=workdir,
         env={**os.environ, "VARIANT": variant, "BEAT": str(HEARTBEAT_SEC),
-             "PYTHONPATH": f"{workdir}:{Path(__file__).resolve().parents[1]}"})
+             "PYTHONPATH": f"{workdir}:{root}"})
     try:
         import httpx
 
@@ -108,7 +112,7 @@ async def measure(variant: str, workdir: Path) -> tuple[float, float]:
         writers = []
         for _ in range(STREAMS):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(f"GET /{'g' if variant == 'gateway' else 's'} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            writer.write(f"GET /{'s' if variant in ('sse', 'streaming') else 'g'} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
             writers.append((reader, writer))
         await asyncio.sleep(3)
         grown = (rss(server.pid) - before) / (STREAMS / 1000)
@@ -132,12 +136,19 @@ async def measure(variant: str, workdir: Path) -> tuple[float, float]:
 
 
 async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--other", type=Path, help="also measure the stream body of another checkout")
+    args = parser.parse_args()
+    here = Path(__file__).resolve().parents[1]
+    variants = [("sse", here), ("streaming", here), ("gateway", here)]
+    if args.other:
+        variants.append(("other", args.other.resolve()))
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),) * 2)
     print(f"load average: {os.getloadavg()}; {STREAMS} streams, heartbeat every {HEARTBEAT_SEC:g} s")
     with tempfile.TemporaryDirectory(prefix="bench-sse-wire-") as tmp:
         for round_ in (1, 2):
-            for variant in ("sse", "streaming", "gateway"):
-                grown, share = await measure(variant, Path(tmp))
+            for variant, root in variants:
+                grown, share = await measure(variant, Path(tmp), root)
                 print(f"round {round_} {variant:9}: RSS +{grown / 2**20:.1f} MiB per 1,000 streams, "
                       f"CPU {100 * share:.1f} % of a core with heartbeats only", flush=True)
                 time.sleep(1)

@@ -1,11 +1,13 @@
 """One stream's body on the wire: the subscriber's frames, keep-alive comments, and the ways a stream ends.
 
-Written here rather than through sse-starlette's EventSourceResponse: that response runs
-four anyio tasks per stream (the body, its ping, a disconnect listener, a shutdown
-watcher), which were half of an open stream's memory in the gateway (tracemalloc;
-benchmarks/bench_sse_wire.py measures them side by side, and Starlette's StreamingResponse).
-Here a stream is its own request's task plus one that waits for the client to leave.
+Written here rather than through a library's response: a stream is its own request's task
+plus one that waits for the client to leave. sse-starlette's EventSourceResponse runs four
+anyio tasks per stream (the body, its ping, a disconnect listener, a shutdown watcher), and
+Starlette's StreamingResponse, under uvicorn (ASGI spec 2.3), an anyio task group with the body
+in a task of its own beside a disconnect listener; an open stream is multiplied by thousands,
+and both hold more memory per stream (docs/libraries.md has the figures and their commands).
 
+- `retry:` goes first, with whatever is already queued (the opening state).
 - A comment line goes out after `heartbeat_sec` without a frame, so proxies keep it open.
 - It ends cleanly (the body's last chunk) after a per-task stream's terminal event, after
   `idle_close_sec` without an event, and when the fan-out ends it: upstream down, resync,
@@ -13,7 +15,10 @@ Here a stream is its own request's task plus one that waits for the client to le
   clients resume, with Last-Event-ID, on whichever gateway answers.
 - A reader that falls more than `max_buffered_bytes` behind (the subscriber's bound) or
   takes nothing for `send_timeout_sec` is dropped: its connection is cut without the last
-  chunk, so it cannot mistake the cut for an end.
+  chunk (the body returns unfinished and the server closes the connection, logging no
+  traceback), so it cannot mistake the cut for an end.
+- A client that leaves ends it (`client_closed`); HEAD sends the headers only.
+- `finish` runs once, with why it ended and the events sent; then `on_end` (the access log's line).
 """
 from __future__ import annotations
 
