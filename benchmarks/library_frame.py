@@ -130,15 +130,17 @@ def starlette_response(resp: GatewayResponse) -> Response:
 
 
 class LibraryFrame:
-    """The Starlette app: operations endpoints as the gateway's, then a `Route` per config route."""
+    """The Starlette app: a `Route` per config route, then the gateway's operations endpoints."""
 
     def __init__(self, config: GatewayConfig, config_path: str | None) -> None:
         self.holder = RuntimeHolder(config, config_path)
         self.chains: dict[str, Handler] = {}
         self.tracer: Tracer = NoOpTracer()  # the SDK's, once the services are open
         served = [route for route in config.routes if not {p.name for p in route.plugins} & STREAMING_PLUGINS]
-        routes: list[BaseRoute] = [*OpsEndpoints(self.holder).routes(),
-                                   *(Route(r.path, self.endpoint(r), methods=r.methods, name=r.name) for r in served)]
+        # the config's routes first: Starlette tries routes in order, and none of them shares a path with the
+        # operations endpoints, so a public request is not matched against those first
+        routes: list[BaseRoute] = [*(Route(r.path, self.endpoint(r), methods=r.methods, name=r.name) for r in served),
+                                   *OpsEndpoints(self.holder).routes()]
         self.app = Starlette(routes=routes, lifespan=self.lifespan, exception_handlers=exception_handlers())
         self.app.router.redirect_slashes = False
 
