@@ -16,6 +16,9 @@
 7. with `--before DIR` (a checkout of another commit, e.g. `git worktree add /tmp/before main`): that
    commit's gateway against this one on the cache hit and the list call, measured in turns (what a
    change cost, as a same-run ratio).
+8. with `--only frame`: the gateway against its own chains served through the libraries' frame
+   (benchmarks/library_frame.py) on the cache hit (pinned) and the list call: CPU µs (user + sys of
+   the process) per request over wrk runs in turns, each side's lowest round.
 
 Every server runs on uvicorn with uvloop and httptools; the gateways with the tenant limits raised
 through their environment variables (the limiter still runs on every request).
@@ -23,7 +26,7 @@ through their environment variables (the limiter still runs on every request).
 Each comparison measures its two sides in turns, round by round, and keeps each side's best round.
 
 Run: python -m benchmarks.bench_gateway [--seconds 8] [--rounds 3] [--skip-scaling] [--before DIR]
-     [--only guard|cpu|before]
+     [--only guard|cpu|before|frame]
 """
 from __future__ import annotations
 
@@ -46,8 +49,8 @@ from benchmarks.harness import (
     submit_and_wait,
     unpin,
 )
-from tests.conftest import ADMIN_TOKEN, backend_config, gateway_config, synthetic_type
-from tests.procs import RedisServer, Service, backend_headers, wait_until
+from tests.conftest import ADMIN_TOKEN, RAISED_LIMITS, backend_config, gateway_config, synthetic_type
+from tests.procs import RedisServer, Service, backend_headers, free_port, wait_until
 
 # what the gateway sends upstream (the tenant its auth found, the backend's service token); the proxies pass it on
 TENANT = backend_headers("demo")
@@ -237,6 +240,31 @@ def removal_cost(procs: Processes, before_root: Path, backend: Service, gateway:
     before.stop()
 
 
+def frame_cost(procs: Processes, gateway: Service, hit_path: str, seconds: float, rounds: int) -> None:
+    """CPU per request of the gateway and of its chains through the libraries' frame, hit and list call, in turns."""
+    reference = procs.start("benchmarks.library_frame", gateway.config | {"port": free_port()}, "library-frame",
+                            env=RAISED_LIMITS)
+    servers = {"gateway": gateway, "library frame": reference}
+    for label, path, pinned in (("cache-hit poll", hit_path, True), ("list limit=1", "/api/v1/exports?limit=1", False)):
+        best: dict[str, tuple[float, wrk.WrkResult]] = {}
+        for server in servers.values():
+            (pin if pinned else unpin)(server)
+            wrk.run(f"{server.url}{path}", seconds=1, headers=AUTH, cpu=LOAD_CPU if pinned else None)  # warm-up
+        for _ in range(rounds):
+            for name, server in servers.items():
+                assert server.proc is not None
+                before = cpu_seconds(server.proc.pid)
+                result = wrk.run(f"{server.url}{path}", seconds=seconds, headers=AUTH,
+                                 cpu=LOAD_CPU if pinned else None)
+                micros = (cpu_seconds(server.proc.pid) - before) / max(1, result.requests) * 1e6
+                if name not in best or micros < best[name][0]:
+                    best[name] = (micros, result)
+        for name, (micros, result) in best.items():
+            print(f"{label + ', ' + name:<34}{micros:7.1f} µs CPU/request   {result.line()}")
+        print(f"  gateway / library frame, CPU per request {best['gateway'][0] / best['library frame'][0]:.3f}")
+    reference.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=8)
@@ -244,7 +272,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument("--before", type=Path, help="a checkout of another commit: its gateway against this one")
-    parser.add_argument("--only", choices=["guard", "cpu", "before"],
+    parser.add_argument("--only", choices=["guard", "cpu", "before", "frame"],
                         help="run only that part (after the set-up); guard: the hit, the list and the scaling")
     args = parser.parse_args()
     with processes() as procs:
@@ -268,6 +296,9 @@ def main() -> None:
         r = args.rounds
         if args.only == "cpu":
             cpu_per_call(procs, backend, args.seconds, r)
+            return
+        if args.only == "frame":
+            frame_cost(procs, gateway, f"/api/v1/exports/{done}", args.seconds, r)
             return
         if args.only == "before":
             removal_cost(procs, args.before, backend, gateway, f"/api/v1/exports/{done}", args.seconds, r)

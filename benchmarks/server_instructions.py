@@ -8,10 +8,15 @@ and a client outside it sends N and then 5N keep-alive requests over real socket
 after; the difference divided by 4N is one request, independent of the machine's load.
 The predicted wall-clock ratio is bare / gateway instructions per request. `--without P` also
 counts the gateway with plugin P dropped from every route; `--before DIR` an earlier checkout's
-gateway (its own .venv) the same way.
+gateway (its own .venv) the same way. `--library-frame` also counts the same config's routes and
+chains served through the libraries' frame (benchmarks/library_frame.py: Starlette's routing,
+request and response, a handler per plugin, `asyncio.timeout`, the OpenTelemetry SDK's span), for
+the hit and for an uncached list call (`GET /api/v1/exports?limit=1`, proxied to the backend, whose
+work is in its own process), each as the gateway / library-frame ratio; both servers' answers are
+compared first (status, body, the echoed `x-request-id`).
 
 Run: python -m benchmarks.server_instructions [--requests 300] [--connections 8] [--without rate_limit]
-                                              [--before DIR]
+                                              [--before DIR] [--library-frame]
 """
 from __future__ import annotations
 
@@ -70,6 +75,20 @@ def without(config: dict[str, Any], plugin: str) -> dict[str, Any]:
         for route in config["routes"]]}
 
 
+LIST_PATH = "/api/v1/exports?limit=1"
+REQUEST_ID = "same-answer-check"
+
+
+def same_answers(one: str, other: str, paths: list[str]) -> None:
+    """Both servers answer each path (in turn, so a cache fills on both) with the same status and body."""
+    headers = AUTH | {"x-request-id": REQUEST_ID}
+    for path in paths:
+        answers = [httpx.get(url + path, headers=headers, timeout=30) for url in (one, other)]
+        assert [a.status_code for a in answers] == [200, 200], (path, [a.text for a in answers])
+        assert answers[0].content == answers[1].content, (path, [a.text for a in answers])
+        assert [a.headers["x-request-id"] for a in answers] == [REQUEST_ID] * 2, path
+
+
 def per_request(module: str, config: dict[str, Any], path: str, headers: dict[str, str], n: int,
                 connections: int, workdir: Path, root: Path = ROOT) -> float:
     """One server's instructions per request: windows of N and 5N requests, the difference over 4N."""
@@ -108,14 +127,23 @@ def main() -> None:
     parser.add_argument("--without", action="append", default=[], metavar="PLUGIN",
                         help="also measure the gateway with this plugin dropped from every route")
     parser.add_argument("--before", type=Path, help="also measure an earlier checkout's gateway")
+    parser.add_argument("--library-frame", action="store_true",
+                        help="also measure the same chains through the libraries' frame (hit and list call)")
     args = parser.parse_args()
     with processes() as procs, tempfile.TemporaryDirectory(prefix="server-instructions-") as tmp:
         backend = procs.start("backend_stub", backend_config(procs.workdir), "backend")
-        gateway = procs.start("gateway", gateway_config(procs.workdir, backend.url), "gateway")
+        served = gateway_config(procs.workdir, backend.url)
+        gateway = procs.start("gateway", served, "gateway")
         task_id = submit_and_wait(gateway.url, {"export_type": "report_export"}, {"COMPLETED"})
         path = f"/api/v1/exports/{task_id}"
         body_file = Path(tmp) / "hit.json"
         body_file.write_bytes(httpx.get(gateway.url + path, headers=AUTH).content)
+        if args.library_frame:
+            # the gateway's public URL too (signed links name it): only the port differs
+            reference = procs.start("benchmarks.library_frame", served | {"port": free_port()}, "library-frame",
+                                    env=RAISED_LIMITS)
+            same_answers(gateway.url, reference.url, [path, path, LIST_PATH])
+            reference.stop()
         gateway.stop()
         measured = long_ttl(gateway_config(procs.workdir, backend.url, log_level="warning"))
         bare = per_request("benchmarks.reference_servers", {"kind": "bare", "body_file": str(body_file)},
@@ -125,9 +153,21 @@ def main() -> None:
                                                 for p in args.without]
         if args.before:
             runs.append((f"gateway before ({args.before})", measured, args.before.resolve()))
+        counted = {}
         for label, config, root in runs:
-            ours = per_request("gateway", config, path, AUTH, args.requests, args.connections, Path(tmp), root)
+            ours = counted[label] = per_request("gateway", config, path, AUTH, args.requests, args.connections,
+                                                Path(tmp), root)
             print(f"{label + ':':<36}{ours:9,.0f} instructions per request   predicted ratio {bare / ours:.2f}")
+        if args.library_frame:
+            frame = per_request("benchmarks.library_frame", measured, path, AUTH, args.requests, args.connections,
+                                Path(tmp))
+            print(f"{'library frame:':<36}{frame:9,.0f} instructions per request   "
+                  f"gateway / library frame {counted['gateway'] / frame:.3f}")
+            ours, frame = (per_request(module, measured, LIST_PATH, AUTH, args.requests, args.connections, Path(tmp))
+                           for module in ("gateway", "benchmarks.library_frame"))
+            print(f"{'gateway, list call:':<36}{ours:9,.0f} instructions per request")
+            print(f"{'library frame, list call:':<36}{frame:9,.0f} instructions per request   "
+                  f"gateway / library frame {ours / frame:.3f}")
 
 
 if __name__ == "__main__":
