@@ -72,29 +72,31 @@ def _refusal(kind: ErrorKind, message: str, extra: bytes = b"") -> bytes:
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol held to the connection limits. Its own state is name-mangled
+    (`self.__name`), so an attribute a uvicorn release adds to the base class cannot collide with it."""
+
     limits: ConnectionLimits = ConnectionLimits()
     max_header_bytes: int = 16384
-    max_headers: int = limits.max_headers  # read for every request: one attribute, not two
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._header_bytes = 0  # read so far of a header section not yet complete
-        self._reading = 0  # the size of the read being parsed
-        self._too_large = False
-        self._header_timer: asyncio.TimerHandle | None = None
-        self._body_timer: asyncio.TimerHandle | None = None
+        self.__header_bytes = 0  # read so far of a header section not yet complete
+        self.__reading = 0  # the size of the read being parsed
+        self.__too_large = False
+        self.__header_timer: asyncio.TimerHandle | None = None
+        self.__body_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
-            self._refuse(ErrorKind.UNAVAILABLE, "too many connections to this server; retry shortly",
+            self.__refuse(ErrorKind.UNAVAILABLE, "too many connections to this server; retry shortly",
                          b"retry-after: 1\r\n")
             return
         # a connection that sends nothing is held to the header timeout too
-        self._header_timer = self.loop.call_later(self.limits.header_timeout_sec, self._headers_too_slow)
+        self.__header_timer = self.loop.call_later(self.limits.header_timeout_sec, self.__headers_too_slow)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_timers()
+        self.__cancel_timers()
         super().connection_lost(exc)
 
     def shutdown(self) -> None:
@@ -104,88 +106,87 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         # The state is judged after the parser has run, from what uvicorn keeps: a scope without
         # a method is a request whose headers are still coming. This way the common case, a whole
-        # request in one read, costs one check and no timer. (The base class is named rather than
-        # found through super(): this runs for every read.) A connection closed meanwhile (a refusal) may
+        # request in one read, needs one check and no timer. A connection closed meanwhile (a refusal) may
         # still arm the body timer below: closing it cancels its timers.
-        self._reading = len(data)
-        HttpToolsProtocol.data_received(self, data)
+        self.__reading = len(data)
+        super().data_received(data)
         scope = self.scope
         if scope is not None and "method" not in scope:
             if self.transport.is_closing():  # refused while the parser ran: nothing more to count or time
                 return
-            self._header_bytes += len(data)
-            if self._header_bytes > self.max_header_bytes + REQUEST_LINE_ALLOWANCE:
-                self._refuse_too_large()
-            elif self._header_timer is None:
-                self._header_timer = self.loop.call_later(self.limits.header_timeout_sec, self._headers_too_slow)
+            self.__header_bytes += len(data)
+            if self.__header_bytes > self.max_header_bytes + REQUEST_LINE_ALLOWANCE:
+                self.__refuse_too_large()
+            elif self.__header_timer is None:
+                self.__header_timer = self.loop.call_later(self.limits.header_timeout_sec, self.__headers_too_slow)
             return
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-        self._header_bytes = 0
+        if self.__header_timer is not None:
+            self.__header_timer.cancel()
+            self.__header_timer = None
+        self.__header_bytes = 0
         cycle = self.cycle
         if cycle is not None and cycle.more_body and not cycle.response_complete:
-            self._arm_body_timer()
-        elif self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+            self.__arm_body_timer()
+        elif self.__body_timer is not None:
+            self.__body_timer.cancel()
+            self.__body_timer = None
 
     def on_headers_complete(self) -> None:
-        if len(self.headers) > self.max_headers:
+        if len(self.headers) > self.limits.max_headers:
             # raised through the parser, it comes back to send_400_response, which answers 431
-            self._too_large = True
+            self.__too_large = True
             raise _TooManyHeaders
         # every byte of this header section is in the reads counted here (more, when reads held other requests)
-        self.scope[HEADER_BYTES_BOUND] = self._header_bytes + self._reading  # type: ignore[literal-required]
-        HttpToolsProtocol.on_headers_complete(self)
+        self.scope[HEADER_BYTES_BOUND] = self.__header_bytes + self.__reading  # type: ignore[literal-required]
+        super().on_headers_complete()
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request it cannot parse: an envelope here, like every other error."""
-        if self._too_large:
-            self._refuse_too_large()
+        if self.__too_large:
+            self.__refuse_too_large()
         else:
-            self._refuse(ErrorKind.BAD_REQUEST, "the request is not valid HTTP/1.1")
+            self.__refuse(ErrorKind.BAD_REQUEST, "the request is not valid HTTP/1.1")
 
-    def _refuse_too_large(self) -> None:
-        self._refuse(ErrorKind.HEADERS_TOO_LARGE, f"request headers must total at most {self.max_header_bytes}"
+    def __refuse_too_large(self) -> None:
+        self.__refuse(ErrorKind.HEADERS_TOO_LARGE, f"request headers must total at most {self.max_header_bytes}"
                                                   f" bytes in at most {self.limits.max_headers} lines")
 
     # -- timers ---------------------------------------------------------------------------------
 
-    def _arm_body_timer(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-        self._body_timer = self.loop.call_later(self.limits.body_idle_timeout_sec, self._body_too_slow)
+    def __arm_body_timer(self) -> None:
+        if self.__body_timer is not None:
+            self.__body_timer.cancel()
+        self.__body_timer = self.loop.call_later(self.limits.body_idle_timeout_sec, self.__body_too_slow)
 
-    def _cancel_timers(self) -> None:
-        for timer in (self._header_timer, self._body_timer):
+    def __cancel_timers(self) -> None:
+        for timer in (self.__header_timer, self.__body_timer):
             if timer is not None:
                 timer.cancel()
-        self._header_timer = self._body_timer = None
+        self.__header_timer = self.__body_timer = None
 
-    def _headers_too_slow(self) -> None:
-        self._header_timer = None
+    def __headers_too_slow(self) -> None:
+        self.__header_timer = None
         if self.cycle is not None and not self.cycle.response_complete and not self.transport.is_closing():
             # the next request's start arrived while this one is answered: its clock starts afterwards
-            self._header_timer = self.loop.call_later(self.limits.header_timeout_sec, self._headers_too_slow)
+            self.__header_timer = self.loop.call_later(self.limits.header_timeout_sec, self.__headers_too_slow)
             return
         scope = self.scope
         if (scope is None or "method" not in scope) and not self.transport.is_closing():
-            self._refuse(ErrorKind.REQUEST_TIMEOUT, f"send the request headers within "
+            self.__refuse(ErrorKind.REQUEST_TIMEOUT, f"send the request headers within "
                                                     f"{self.limits.header_timeout_sec:g} s")
 
-    def _body_too_slow(self) -> None:
-        self._body_timer = None
+    def __body_too_slow(self) -> None:
+        self.__body_timer = None
         if self.flow.read_paused or self.cycle is None or not self.cycle.more_body:
             # the app is not reading (reads are paused) or the body is complete: nothing is late
             if self.cycle is not None and self.cycle.more_body and not self.transport.is_closing():
-                self._arm_body_timer()
+                self.__arm_body_timer()
             return
         self.logger.info("request body idle for %.0f s; closing the connection", self.limits.body_idle_timeout_sec)
         self.transport.close()
 
-    def _refuse(self, kind: ErrorKind, message: str, extra: bytes = b"") -> None:
-        self._cancel_timers()
+    def __refuse(self, kind: ErrorKind, message: str, extra: bytes = b"") -> None:
+        self.__cancel_timers()
         self.transport.write(_refusal(kind, message, extra))
         self.transport.close()
 
@@ -193,4 +194,4 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 def bounded_http(limits: ConnectionLimits, max_header_bytes: int) -> type[BoundedHttpToolsProtocol]:
     """The protocol class uvicorn's `http=` takes, with these limits."""
     return type("BoundedHttp", (BoundedHttpToolsProtocol,),
-                {"limits": limits, "max_header_bytes": max_header_bytes, "max_headers": limits.max_headers})
+                {"limits": limits, "max_header_bytes": max_header_bytes})

@@ -180,7 +180,7 @@ def guarded(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse]],
     """`call` made through the upstream's breaker and the tenant's, to await: either open answers at once."""
     if breaker.state == "closed":
         own = breaker.of_tenant(tenant)
-        if own.state == "closed":  # neither refuses nor wants a trial: the call alone, with no coroutine around it
+        if own.state == "closed":  # neither refuses nor wants a trial: the call goes straight through
             return _through(breaker, own, call, failure_statuses)
     return _admitted(breaker, call, failure_statuses, tenant)
 

@@ -79,7 +79,7 @@ class Quota:
         return Quota(self.per_sec / processes, max(1, self.burst // processes))
 
 
-@dataclass(slots=True)  # one per decision that needs its numbers: a plain class builds cheaper than a NamedTuple
+@dataclass(slots=True)
 class Decision:
     """What a limit says of one request."""
 
@@ -123,15 +123,6 @@ class LocalBuckets:
             self._keep(key, now + decision.reset, now)
         return decision
 
-    def take(self, key: LocalKey, quota: Quota) -> bool:
-        """`hit`, saying only whether the request was admitted: no `Decision` is built."""
-        now = time.monotonic()
-        ahead = max(self._tat.get(key, now), now) + quota.interval - now
-        if not fits(ahead, quota):
-            return False
-        self._keep(key, now + ahead, now)
-        return True
-
     def _keep(self, key: LocalKey, new_tat: float, now: float) -> None:
         self._tat[key] = new_tat
         if len(self._tat) > self._sweep_at:
@@ -162,7 +153,7 @@ class Limiter:
     def admits_in_process(self, tag: str, limit: str, quota: Quota) -> bool:
         """True: the limits are kept in this process (no Redis) and the request is admitted (counted). False: it
         is not counted, and `hit` decides it, with the numbers a refusal needs."""
-        return self._script is None and self.local.take((tag, limit), quota)
+        return self._script is None and self.local.hit((tag, limit), quota).allowed
 
     async def hit(self, tag: str, limit: str, quota: Quota, processes: int) -> Decision:
         """One request against bucket `limit` of `tag` (a tenant or a client address).

@@ -74,7 +74,7 @@ class Proxy:
                         deadline=ctx.deadline + DEADLINE_SLACK_SEC)
 
     def _send(self, ctx: RequestContext, url: str, body: bytes | LimitedBody | None) -> Awaitable[GatewayResponse]:
-        """The try's call, to await (not a coroutine of its own: one frame less per call)."""
+        """The try's call, for the caller to await."""
         timeouts = self._timeouts(ctx)
         headers = upstream_headers(ctx, self.services.trusted_proxies)
         headers += self.upstream.auth

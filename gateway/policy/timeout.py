@@ -38,7 +38,7 @@ class Timeout:
         self.total = settings.total
 
     def __call__(self, ctx: RequestContext) -> Awaitable[GatewayResponse]:
-        """The bounds set, the next part's call to await (no coroutine of its own: one frame less per call)."""
+        """The bounds set on the context, then the next part's call, for the caller to await."""
         ctx.timeouts = self.per_try
         ctx.deadline = time.monotonic() + self.total
         return self.next(ctx)
