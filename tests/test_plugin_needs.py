@@ -45,6 +45,8 @@ from gateway.testing import PluginHarness
 from tests.conftest import gateway_config
 from tests.procs import ROOT
 
+pytestmark = pytest.mark.inprocess  # no server process: the one `run` below refuses to start
+
 CONTEXT = "RequestContext"
 # context methods that read a provided field but depend on no plugin for it
 SELF_SERVED = {"read_body": "reads the request body itself when no earlier plugin did"}
