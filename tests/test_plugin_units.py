@@ -297,8 +297,10 @@ def test_each_route_is_checked_against_the_plugins_declared_contracts(plugins: l
         return
     with pytest.raises(ValidationError) as err:
         RouteConfig.model_validate({**ROUTE, "plugins": plugins})
-    [error] = err.value.errors()
-    assert (error["loc"], error["msg"]) == (at, problem)
+    found = [(error["loc"], error["msg"]) for error in err.value.errors()]
+    # the outbox needs `json` beside `body` (both validate's): one problem for each, alike
+    also = [(at, problem.replace("`body`", "`json`"))] if "outbox needs `body`" in problem else []
+    assert found == [(at, problem), *also]
 
 
 def test_a_write_route_retries_only_with_a_task_id_and_a_read_route_without_one() -> None:

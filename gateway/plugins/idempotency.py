@@ -163,8 +163,10 @@ class Idempotency(PluginBase[IdempotencySettings]):
 
     @classmethod
     def contract(cls, settings: IdempotencySettings, methods: tuple[str, ...]) -> Contract:
+        # keys are per tenant, so the tenant must be known (auth before it), else two tenants' keys would be one;
         # it fixes the task id at claim time: a plugin that mints one when none is set must come after it
-        return Contract(provides=frozenset({"task_id"}), agrees=(("task_id_prefix", settings.task_id_prefix),))
+        return Contract(needs=frozenset({"tenant"}), provides=frozenset({"task_id"}),
+                        agrees=(("task_id_prefix", settings.task_id_prefix),))
 
     @classmethod
     async def stats(cls, services: Services) -> dict[str, Any]:

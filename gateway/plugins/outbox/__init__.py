@@ -82,10 +82,11 @@ class Outbox(PluginBase[OutboxSettings]):
     @classmethod
     def contract(cls, settings: OutboxSettings, methods: tuple[str, ...]) -> Contract:
         """Reads find a task waiting per tenant; `mode: outbox` stores a write as the tenant's, under its
-        task id, with its body (read by an earlier plugin: the proxy's stream is gone by then)."""
+        task id, with its body (read by an earlier plugin: the proxy's stream is gone by then), and answers
+        with the export type of the body as parsed (`json`)."""
         writes = any(m not in ("GET", "HEAD") for m in methods)
         if writes and settings.mode == "outbox":
-            return Contract(needs=frozenset({"tenant", "task_id", "body"}))
+            return Contract(needs=frozenset({"tenant", "task_id", "body", "json"}))
         return Contract(needs=frozenset({"tenant"}) if not writes else frozenset())
 
     @classmethod
