@@ -20,7 +20,6 @@ from starlette.types import Receive, Scope
 
 from exports_common.connection_limits import HEADER_BYTES_BOUND
 from exports_common.errors import ApiError, ErrorKind, unavailable
-from exports_common.jsonlog import request_ids_var
 from exports_common.redis_client import store_unavailable
 from gateway import access_log
 from gateway.context import RequestContext, first_values
@@ -88,8 +87,9 @@ async def handle(runtime: Runtime, scope: Scope, receive: Receive) -> GatewayRes
     started = time.perf_counter()
     # the headers mapping only for a request that continues a trace: most do not
     parent = ctx.headers if b"traceparent" in values else None
-    with services.tracing.server(method, route.path, route.name, parent, scope.get("client")) as request_trace:
-        request_ids_var.set(_LogIds(ctx.request_id, request_trace.trace_int, match.params.get("task_id")))
+    # the trace is also where the request's log lines find its ids
+    with services.tracing.server(method, route.path, route.name, parent, scope.get("client"), ctx.request_id,
+                                 match.params.get("task_id")) as request_trace:
         resp = await _run_chain(runtime, ctx, started)
         if request_trace.span is not INVALID_SPAN:  # an unsampled request's span records nothing: no call
             request_trace.span.set_attribute("http.response.status_code", resp.status)
@@ -105,24 +105,6 @@ async def handle(runtime: Runtime, scope: Scope, receive: Receive) -> GatewayRes
             resp.events.on_end = lambda events: access_log.write(
                 ctx, resp, time.perf_counter() - started, request_trace.trace_id, events)
     return resp
-
-
-class _LogIds:
-    """The request's ids for its log lines, the trace id formatted only when one is written.
-
-    Plain values only: it lives in the request's context, and a reference back to the context (a `ServerTrace`
-    holds its token) would make every request's objects a cycle for the garbage collector.
-    """
-
-    __slots__ = ("request_id", "task_id", "trace")
-
-    def __init__(self, request_id: str, trace: int, task_id: str | None) -> None:
-        self.request_id, self.trace, self.task_id = request_id, trace, task_id
-
-    def get(self, key: str) -> str | None:
-        if key == "trace_id":
-            return f"{self.trace:032x}"
-        return self.request_id if key == "request_id" else self.task_id if key == "task_id" else None
 
 
 async def _run_chain(runtime: Runtime, ctx: RequestContext, arrived: float) -> GatewayResponse:

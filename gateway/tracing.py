@@ -1,9 +1,10 @@
 """The gateway's spans: a server span per sampled request, a client span per upstream try or outbox delivery.
 
 A request that will not be recorded costs no more than with tracing off: no span
-and no OpenTelemetry context are built for it. A new trace gets fresh ids in a
-context variable, made into a `traceparent` only if a call leaves the gateway
-(`inject`); a cache hit never builds one.
+and no OpenTelemetry context are built for it. A new trace gets fresh ids, made
+into a `traceparent` only if a call leaves the gateway (`inject`); a cache hit
+never builds one. The request's trace is found where its log lines find its ids:
+one context variable set once per request (`ServerTrace`).
 
 Whether a request records is decided here, before any span exists (the ratio, and
 which callers' sampled flag counts); a recorded request's spans are the SDK
@@ -29,6 +30,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.util.types import AttributeValue
 
 from exports_common import otel
+from exports_common.jsonlog import request_ids_var
 from exports_common.otel import TracingConfig
 
 _SAMPLED, _NOT_SAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
@@ -45,9 +47,10 @@ class SpanLike(Protocol):
     def end(self) -> None: ...
 
 
-# the trace the current request is in: the fresh trace id of an unrecorded new trace (no object built for
-# it), a caller's unrecorded context passed on as it came, or the span being recorded
+# a trace: the fresh trace id of an unrecorded new trace (no object built for it), a caller's unrecorded context
+# passed on as it came, or the span being recorded
 _Trace = int | SpanContext | trace.Span | None
+# the trace of a call being made (a client span, a delivery); None: the request's (`_joined`)
 _current: ContextVar[_Trace] = ContextVar("gateway_trace", default=None)
 _NOT_RECORDED = contextlib.nullcontext(trace.INVALID_SPAN)  # a call out of a request that is not recorded
 
@@ -71,32 +74,58 @@ class _Recording:
 
 
 class ServerTrace:
-    """A request's trace while it is served: its trace id (for the logs) and its span (`trace.INVALID_SPAN` when
-    not recorded). Entered, it is the current trace; left, its span ends."""
+    """A request's trace while it is served: its trace id and its span (`trace.INVALID_SPAN` when not recorded), and
+    the ids its log lines carry.
 
-    __slots__ = ("current", "span", "token", "trace_int")
+    Entered, it is the request's (`request_ids_var`, set once: the logs read their ids there, the calls out their
+    trace) for the rest of the request's task, so a line written while a stream runs still carries the ids. Left,
+    its span ends and the calls out after it (a stream's) join no trace. It holds plain values and the span only:
+    no reference back to the context it is in, which would make every request's objects a cycle for the garbage
+    collector.
+    """
 
-    def __init__(self, trace_int: int, span: SpanLike, current: _Trace) -> None:
+    __slots__ = ("current", "request_id", "span", "task_id", "trace_int")
+
+    def __init__(self, trace_int: int, span: SpanLike, current: _Trace, request_id: str | None,
+                 task_id: str | None) -> None:
         self.trace_int, self.span, self.current = trace_int, span, current
+        self.request_id, self.task_id = request_id, task_id
 
     @property
     def trace_id(self) -> str:
         """As logs write it: formatted only when a line is written (most requests write none)."""
         return f"{self.trace_int:032x}"
 
+    def get(self, key: str) -> str | None:
+        """An id for a log line, by name."""
+        if key == "trace_id":
+            return self.trace_id
+        return self.request_id if key == "request_id" else self.task_id if key == "task_id" else None
+
     def __enter__(self) -> ServerTrace:
-        self.token = _current.set(self.current)
+        request_ids_var.set(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _current.reset(self.token)
+        self.current = None
         if self.span is not trace.INVALID_SPAN:  # recorded (an identity test: an ABC's isinstance costs more)
             self.span.end()
 
 
+def _joined() -> _Trace:
+    """The trace a call out joins: the call's own (a client span, a delivery), else the request's while it is
+    served."""
+    current = _current.get()
+    if current is None:
+        request = request_ids_var.get()
+        if isinstance(request, ServerTrace):
+            return request.current
+    return current
+
+
 def inject(carrier: dict[str, str]) -> None:
     """W3C trace headers for a call out of the gateway, whichever way the request is traced."""
-    current = _current.get()
+    current = _joined()
     if current is None:
         return
     if isinstance(current, trace.Span):
@@ -139,9 +168,11 @@ class Tracing:
                            trace_flags=_SAMPLED if parent.trace_id & _LOW_64 < self.bound else _NOT_SAMPLED)
 
     def server(self, method: str, route: str, route_name: str, headers: Mapping[str, str] | None,
-               client: tuple[str, int] | None = None) -> ServerTrace:
+               client: tuple[str, int] | None = None, request_id: str | None = None,
+               task_id: str | None = None) -> ServerTrace:
         """The request's trace, to be entered for as long as it is served; `headers` are the request's when it
-        may continue a client's trace (None: it carries no traceparent).
+        may continue a client's trace (None: it carries no traceparent). `request_id` and `task_id` are for its
+        log lines.
 
         The span's name and attributes are made only for a request that is recorded.
         """
@@ -149,20 +180,21 @@ class Tracing:
         if parent is None:
             trace_id = random.getrandbits(128) or 1
             if trace_id & _LOW_64 >= self.bound:
-                return ServerTrace(trace_id, trace.INVALID_SPAN, trace_id)
-            return self._recorded(method, route, route_name, None)
+                return ServerTrace(trace_id, trace.INVALID_SPAN, trace_id, request_id, task_id)
+            return self._recorded(method, route, route_name, None, request_id, task_id)
         if self.processor is None or not parent.trace_flags.sampled:
-            return ServerTrace(parent.trace_id, trace.INVALID_SPAN, parent)
-        return self._recorded(method, route, route_name, parent)
+            return ServerTrace(parent.trace_id, trace.INVALID_SPAN, parent, request_id, task_id)
+        return self._recorded(method, route, route_name, parent, request_id, task_id)
 
-    def _recorded(self, method: str, route: str, route_name: str, parent: SpanContext | None) -> ServerTrace:
+    def _recorded(self, method: str, route: str, route_name: str, parent: SpanContext | None,
+                  request_id: str | None, task_id: str | None) -> ServerTrace:
         span = self._start(f"{method} {route}", SpanKind.SERVER, parent,
                            {"http.route": route, "gateway.route": route_name})
-        return ServerTrace(span.get_span_context().trace_id, span, span)
+        return ServerTrace(span.get_span_context().trace_id, span, span, request_id, task_id)
 
     def client(self, name: str, attributes: Callable[[], dict[str, Any]]) -> AbstractContextManager[SpanLike]:
         """A span for a call out, under the request's when that one records (`attributes` is called only then)."""
-        current = _current.get()
+        current = _joined()
         if not isinstance(current, trace.Span):
             return _NOT_RECORDED
         return _Recording(self._start(name, SpanKind.CLIENT, current.get_span_context(), attributes()))
