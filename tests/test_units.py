@@ -20,7 +20,7 @@ from backend_stub import compression
 from backend_stub.formats import FORMATS
 from exports_common import contract, webhooks
 from exports_common.errors import ApiError
-from exports_common.list_query import query_pairs
+from exports_common.list_query import ListQuery, check_list_query
 from exports_common.netpolicy import AddressPolicy, refusal
 from exports_common.otel import TracingConfig
 from exports_common.periodic import periodic, running
@@ -376,10 +376,13 @@ async def test_a_loop_survives_an_unexpected_error_and_logs_its_traceback_once(
     assert [r.exc_info is not None for r in caplog.records] == [True]
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.text(alphabet="ab=&%+2Fé ;\x00", max_size=24))
-def test_list_query_pairs_read_a_query_as_parse_qsl_does(raw: str) -> None:
-    assert query_pairs(raw) == parse_qsl(raw, keep_blank_values=True)
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([None, *contract.STATUSES]), st.integers(1, 500),
+       st.one_of(st.none(), st.text(alphabet="AZaz09_-", min_size=1, max_size=40)))
+def test_a_checked_list_query_encodes_to_a_query_that_checks_the_same(status: str | None, limit: int,
+                                                                      cursor: str | None) -> None:
+    query = ListQuery(status, limit, cursor)
+    assert check_list_query(parse_qsl(query.encode(), keep_blank_values=True)) == query
 
 
 def test_a_signed_link_is_the_hmac_of_its_task_and_expiry_under_the_first_secret() -> None:
