@@ -19,6 +19,7 @@ from exports_common.errors import ApiError, ErrorKind
 
 # what a path segment may hold as it is (RFC 3986 pchar, less `%`, which is always encoded)
 SEGMENT_SAFE = "!$&'()*+,;=:@"
+PATH_SAFE = SEGMENT_SAFE + "/"
 DOT_SEGMENTS = frozenset({".", ".."})
 
 
@@ -30,9 +31,9 @@ def multi_segment_params(path: str) -> frozenset[str]:
 
 def encode_segments(value: str, keep_slash: bool) -> str:
     """`value` as one path segment (or, `keep_slash`, as segments); a dot segment is a 404."""
-    if any(part in DOT_SEGMENTS for part in (value.split("/") if keep_slash else [value])):
+    if not DOT_SEGMENTS.isdisjoint(value.split("/") if keep_slash else (value,)):
         raise ApiError(ErrorKind.NOT_FOUND, "a path may not hold a '.' or '..' segment")
-    return quote(value, safe=SEGMENT_SAFE + "/" if keep_slash else SEGMENT_SAFE)
+    return quote(value, safe=PATH_SAFE if keep_slash else SEGMENT_SAFE)
 
 
 def fill(rewrite: str, params: dict[str, str], multi: frozenset[str] = frozenset()) -> str:
