@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from backend_stub import compression
 from backend_stub.formats import FORMATS
 from exports_common import contract, webhooks
+from exports_common.backoff import backoff, retry_after_seconds
 from exports_common.errors import ApiError
 from exports_common.list_query import ListQuery, check_list_query
 from exports_common.netpolicy import AddressPolicy, refusal
@@ -418,3 +419,16 @@ def test_a_path_param_goes_upstream_as_one_segment_and_reads_back_as_sent(value:
     # a {name:path} param keeps its segments, each encoded on its own
     parts = encode_segments(f"{value.replace('.', 'x')}/a/b", keep_slash=True).split("/")
     assert parts[-2:] == ["a", "b"] and unquote("/".join(parts)) == f"{value.replace('.', 'x')}/a/b"
+
+
+def test_retry_after_reads_delay_seconds_and_http_dates_and_nothing_else() -> None:
+    assert retry_after_seconds(" 7 ") == 7.0
+    assert retry_after_seconds("Wed, 02 Dec 2026 10:00:30 GMT", now=1796205600.0) == 30.0
+    assert retry_after_seconds("Wed, 02 Dec 2026 09:00:00 GMT", now=1796205600.0) == 0.0
+    assert [retry_after_seconds(v) for v in (None, "", "-1", "1.5", "soon")] == [None] * 5
+
+
+def test_backoff_grows_to_its_cap_within_its_jitter_and_survives_a_long_outage() -> None:
+    for step, ceiling in ((0, 1.0), (3, 8.0), (5, 30.0), (5000, 30.0)):
+        assert all(ceiling / 2 <= backoff(step, 1.0, 30.0) <= ceiling for _ in range(50))
+        assert all(0.0 <= backoff(step, 1.0, 30.0, full_jitter=True) <= ceiling for _ in range(50))
