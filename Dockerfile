@@ -28,5 +28,5 @@ RUN pip install --no-cache-dir --no-deps .
 RUN useradd --create-home --uid 10001 exports && mkdir -p /app/.data/cluster/redis && chown -R exports /app/.data
 USER exports
 
-# each compose service names its node: python scripts/run_cluster.py node NAME --hosts compose
-CMD ["python", "scripts/run_cluster.py", "node", "g1", "--hosts", "compose"]
+# each compose service names its node: python -m scripts.run_cluster node NAME --hosts compose
+CMD ["python", "-m", "scripts.run_cluster", "node", "g1", "--hosts", "compose"]

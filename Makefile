@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml examples/tenant_allowlist/pyproject.toml examples/jsonl
 install: $(STAMP)
 
 run: $(STAMP)
-	$(PY) scripts/run_stack.py
+	$(PY) -m scripts.run_stack
 
 # installs what pip cannot (redis-server, nginx, promtool) when missing, then runs every test
 # in parallel, one test file per worker at a time (a file's servers are shared by its tests)
@@ -54,7 +54,7 @@ dist: $(STAMP)
 cluster: $(STAMP)
 	command -v redis-server >/dev/null && command -v nginx >/dev/null || (apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nginx-light)
-	$(PY) scripts/run_cluster.py up $(if $(STORE),--store $(STORE)) $(if $(CLUSTER_DATABASE_URL),--database-url $(CLUSTER_DATABASE_URL))
+	$(PY) -m scripts.run_cluster up $(if $(STORE),--store $(STORE)) $(if $(CLUSTER_DATABASE_URL),--database-url $(CLUSTER_DATABASE_URL))
 
 bench: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)

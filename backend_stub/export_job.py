@@ -15,7 +15,6 @@ disk that fills up while the file is written ends the attempt with `OutOfSpace`.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +31,7 @@ from backend_stub.models import Task
 from backend_stub.part_file import PartFile
 from backend_stub.result_store import StoreUnavailable
 from backend_stub.sources import BODY_KINDS, Batch, BodyKind, SourceKind, TextValuesKind, TypedSource
+from exports_common.backoff import backoff
 from exports_common.netpolicy import AddressPolicy
 
 RUNNING_MAX_PROGRESS = 95  # until the file is stored
@@ -184,18 +184,18 @@ class ExportJob:
 
     def _store(self) -> None:
         """Publish the finished file, waiting out a store outage (with backoff) until it lands or the job stops."""
-        delay = STORE_RETRY_FIRST_SEC
+        failures = 0
         while True:
             try:
                 self.publish(self.part_path)
             except StoreUnavailable as exc:
                 self.store_outage = str(exc)
-                wait = random.uniform(delay / 2, delay)
+                wait = backoff(failures, STORE_RETRY_FIRST_SEC, STORE_RETRY_MAX_SEC)
+                failures += 1
                 metrics.result_store_retries.inc()
                 log.warning("the result store failed; the upload is tried again (no attempt is spent)",
                             extra={"task_id": self.task.task_id, "error": str(exc), "retry_in_sec": round(wait, 1)})
                 self._pause(wait)
-                delay = min(STORE_RETRY_MAX_SEC, delay * 2)
             else:
                 self.store_outage = None
                 return

@@ -4,7 +4,7 @@ Each scenario starts a fresh stack, submits at a steady rate for a while, inject
 fault, and then polls every task id the client obtained until it is terminal. Stacks:
 - the pair: gateway A → backend 1, gateway B → backend 2, both backends sharing one result
   directory, everything on one Redis with an append-only file (the older scenarios);
-- `make cluster` itself (scripts/run_cluster.py up, on shifted ports): nginx in front of two
+- `make cluster` itself (`python -m scripts.run_cluster up`, on shifted ports): nginx in front of two
   gateways balancing over two backends, Redis, moto as the S3 result store, every node
   supervised; every submission carries a callback to a slow receiver here (1.5 s an answer,
   slower than the backends' polls), so duplicated and lost callbacks are counted too;

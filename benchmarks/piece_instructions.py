@@ -19,10 +19,12 @@ from typing import Any, Callable
 def list_piece(name: str) -> Callable[[], None]:
     """A piece of the uncached list call."""
     if name == "list_query":
-        from exports_common.list_query import check_list_query, query_pairs
+        from urllib.parse import parse_qsl
+
+        from exports_common.list_query import check_list_query
 
         def check() -> None:
-            check_list_query(query_pairs("limit=1")).encode()
+            check_list_query(parse_qsl("limit=1", keep_blank_values=True)).encode()
 
         return check
     if name == "head":

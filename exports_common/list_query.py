@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from typing import Collection, NamedTuple
-from urllib.parse import parse_qsl
+from urllib.parse import urlencode
 
 from exports_common.contract import STATUSES
 from exports_common.errors import validation_error
@@ -27,17 +27,8 @@ class ListQuery(NamedTuple):  # one per list call: a tuple is made in one call, 
     cursor: str | None
 
     def encode(self) -> str:
-        """The query string to send upstream: only the checked parameters. Each value was checked to be a
-        status name, digits or the cursor's base64url alphabet, none of which needs escaping."""
-        query = f"limit={self.limit}" if self.status is None else f"status={self.status}&limit={self.limit}"
-        return query if self.cursor is None else f"{query}&cursor={self.cursor}"
-
-
-def query_pairs(raw: str) -> list[tuple[str, str]]:
-    """What `parse_qsl(raw, keep_blank_values=True)` gives, without its unquoting pass when nothing is quoted."""
-    if "%" in raw or "+" in raw:
-        return parse_qsl(raw, keep_blank_values=True)
-    return [(name, value) for name, _, value in (part.partition("=") for part in raw.split("&") if part)]
+        """The query string to send upstream: only the checked parameters."""
+        return urlencode({name: value for name, value in self._asdict().items() if value is not None})
 
 
 def check_list_query(params: list[tuple[str, str]], allowed: Collection[str] = PARAMS) -> ListQuery:

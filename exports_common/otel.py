@@ -1,9 +1,12 @@
-"""Where both processes send their spans, and which traces they record: the YAML, then OpenTelemetry's variables.
+"""Where both processes send their spans, and which traces they record: the YAML and OpenTelemetry's variables.
 
-The standard variables win over the YAML, as every OpenTelemetry SDK does:
-OTEL_TRACES_EXPORTER (none, console, otlp), OTEL_EXPORTER_OTLP_ENDPOINT or
-OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL (http/protobuf),
-OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG.
+The OpenTelemetry SDK reads what it reads: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+(they win over the YAML's `service_name`), OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+OTEL_EXPORTER_OTLP_ENDPOINT (used when the YAML names no `endpoint`), OTEL_BSP_*. Read
+here, and winning over the YAML: OTEL_TRACES_EXPORTER (none, console, otlp), which only
+the SDK's automatic instrumentation reads, and OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG,
+whose values the gateway needs to decide before a span starts (the SDK builds a sampler
+from them, and tells no one which); OTEL_EXPORTER_OTLP_PROTOCOL is checked (http/protobuf).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, Mapping
 
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.sampling import (
@@ -36,9 +39,10 @@ class TracingConfig(BaseModel):
 
     exporter: Literal["none", "console", "otlp"] = Field(
         "none", description="none: ids propagate, nothing is recorded; otlp: spans to `endpoint` (http/protobuf)")
-    endpoint: str = Field("http://127.0.0.1:4318", description="the collector's OTLP/HTTP base URL (/v1/traces is "
-                                                               "added)")
-    service_name: str = Field("", description="empty: the process's own name")
+    endpoint: str | None = Field(None, description="the collector's OTLP/HTTP base URL (/v1/traces is added); "
+                                                   "unset: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "
+                                                   "OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4318")
+    service_name: str = Field("", description="empty: the process's own name; OTEL_SERVICE_NAME wins")
     sampler: SamplerName = Field("parentbased_traceidratio", description="as OTEL_TRACES_SAMPLER names them")
     sample_ratio: float = Field(0.05, ge=0.0, le=1.0, description="share of new traces recorded")
     trusted_proxies: list[str] = Field(
@@ -56,16 +60,10 @@ class TracingConfig(BaseModel):
 
 
 def from_environment(config: TracingConfig, env: Mapping[str, str] = os.environ) -> TracingConfig:
-    """The config with OpenTelemetry's standard variables applied; a value they cannot hold is logged and ignored."""
+    """The config with the variables the SDK leaves to us applied; a value they cannot hold is logged and ignored."""
     changes: dict[str, object] = {}
     if exporter := env.get("OTEL_TRACES_EXPORTER"):
         changes["exporter"] = exporter.split(",")[0].strip()
-    if endpoint := env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        changes["endpoint"] = endpoint.removesuffix("/v1/traces")
-    elif endpoint := env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        changes["endpoint"] = endpoint
-    if name := env.get("OTEL_SERVICE_NAME"):
-        changes["service_name"] = name
     if sampler := env.get("OTEL_TRACES_SAMPLER"):
         changes["sampler"] = sampler
     if (arg := env.get("OTEL_TRACES_SAMPLER_ARG")) is not None:
@@ -115,7 +113,9 @@ def install(default_service: str, config: TracingConfig, decided: Sampler | None
     instead of the one the config names.
     """
     if "installed" not in _installed:
-        resource = Resource.create({"service.name": config.service_name or default_service})
+        # the SDK's reading of OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES wins over the YAML's name
+        resource = Resource.create({"service.name": config.service_name or default_service}).merge(
+            OTELResourceDetector().detect())
         chosen = ALWAYS_OFF if config.exporter == "none" else decided or sampler(config)
         provider = TracerProvider(resource=resource, sampler=chosen)
         processor: SpanProcessor | None = None
@@ -124,7 +124,7 @@ def install(default_service: str, config: TracingConfig, decided: Sampler | None
         elif config.exporter == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            endpoint = config.endpoint.rstrip("/") + "/v1/traces"
+            endpoint = config.endpoint.rstrip("/") + "/v1/traces" if config.endpoint else None  # None: the SDK's
             # batched as OTEL_BSP_SCHEDULE_DELAY and OTEL_BSP_MAX_EXPORT_BATCH_SIZE say (5 s, 512 spans)
             processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
         if processor is not None:

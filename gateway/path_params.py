@@ -10,7 +10,6 @@ client's to choose.
 from __future__ import annotations
 
 import functools
-import re
 from urllib.parse import quote
 
 from starlette.convertors import PathConvertor
@@ -20,9 +19,8 @@ from exports_common.errors import ApiError, ErrorKind
 
 # what a path segment may hold as it is (RFC 3986 pchar, less `%`, which is always encoded)
 SEGMENT_SAFE = "!$&'()*+,;=:@"
+PATH_SAFE = SEGMENT_SAFE + "/"
 DOT_SEGMENTS = frozenset({".", ".."})
-_PLAIN = re.compile(r"[-A-Za-z0-9_~!$&'()*+,;=:@]*")
-PLAIN_PATH = re.compile(r"[-A-Za-z0-9_~!$&'()*+,;=:@/]*")
 
 
 @functools.lru_cache(maxsize=256)
@@ -33,19 +31,11 @@ def multi_segment_params(path: str) -> frozenset[str]:
 
 def encode_segments(value: str, keep_slash: bool) -> str:
     """`value` as one path segment (or, `keep_slash`, as segments); a dot segment is a 404."""
-    # the common case (a task id, a plain path) has nothing to encode and no dot: a regex is several times
-    # quicker than quote()
-    if "." not in value and (PLAIN_PATH if keep_slash else _PLAIN).fullmatch(value):
-        return value
-    parts = value.split("/") if keep_slash else [value]
-    if any(part in DOT_SEGMENTS for part in parts):
+    if not DOT_SEGMENTS.isdisjoint(value.split("/") if keep_slash else (value,)):
         raise ApiError(ErrorKind.NOT_FOUND, "a path may not hold a '.' or '..' segment")
-    return "/".join([quote(part, safe=SEGMENT_SAFE) for part in parts])
+    return quote(value, safe=PATH_SAFE if keep_slash else SEGMENT_SAFE)
 
 
 def fill(rewrite: str, params: dict[str, str], multi: frozenset[str] = frozenset()) -> str:
     """The upstream path: `rewrite` with each param encoded (`multi`: the params that keep their `/`)."""
-    encoded = {}
-    for name, value in params.items():  # a loop: a comprehension's frame costs more than one or two params
-        encoded[name] = encode_segments(value, name in multi)
-    return rewrite.format_map(encoded)
+    return rewrite.format_map({name: encode_segments(value, name in multi) for name, value in params.items()})

@@ -7,7 +7,7 @@ from typing import NamedTuple
 from starlette.routing import compile_path
 
 from gateway.config import RouteConfig
-from gateway.path_params import PLAIN_PATH, encode_segments, fill, multi_segment_params
+from gateway.path_params import encode_segments, fill, multi_segment_params
 
 
 class Match(NamedTuple):  # one per request: a tuple is made in one call, a frozen dataclass field by field
@@ -17,9 +17,6 @@ class Match(NamedTuple):  # one per request: a tuple is made in one call, a froz
     def upstream_path(self, path: str) -> str:
         """The path sent upstream (ApiError 404 for a dot segment); `path` is the request's, decoded."""
         rewrite = self.route.rewrite
-        # the common case: a path with nothing to encode and no dot, so neither has any param (each is a part of it)
-        if "." not in path and PLAIN_PATH.fullmatch(path):
-            return rewrite.format_map(self.params) if rewrite else path
         if rewrite:
             return fill(rewrite, self.params, multi_segment_params(self.route.path))
         return encode_segments(path, keep_slash=True)

@@ -7,14 +7,14 @@ that dies is started again after a backoff, alone, and the output says which; on
 SIGTERM) stops them all. Each node's pid is in DATA_DIR/NAME.pid, its log in DATA_DIR/NAME.log.
 
 The topology is described once, in TOPOLOGY below. The same description makes compose.yaml
-(`python scripts/run_cluster.py compose > compose.yaml`; a test checks the file is current),
-where each container runs `python scripts/run_cluster.py node NAME --hosts compose`.
+(`python -m scripts.run_cluster compose > compose.yaml`; a test checks the file is current),
+where each container runs `python -m scripts.run_cluster node NAME --hosts compose`.
 
-    python scripts/run_cluster.py up            # all nodes here, until Ctrl-C
-    python scripts/run_cluster.py up --store postgresql   # the backends' task store on PostgreSQL
-    python scripts/run_cluster.py node g1       # one node (what each container runs)
-    python scripts/run_cluster.py check g1      # exit 0 when the node serves (a container's healthcheck)
-    python scripts/run_cluster.py compose       # compose.yaml, from the same topology
+    python -m scripts.run_cluster up            # all nodes here, until Ctrl-C
+    python -m scripts.run_cluster up --store postgresql   # the backends' task store on PostgreSQL
+    python -m scripts.run_cluster node g1       # one node (what each container runs)
+    python -m scripts.run_cluster check g1      # exit 0 when the node serves (a container's healthcheck)
+    python -m scripts.run_cluster compose       # compose.yaml, from the same topology
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from redis import exceptions as redis_errors
 from sqlalchemy.engine import make_url
 
 from exports_common import sql
-from exports_common.supervise import Child, Supervisor, stop_on_sigterm
+from scripts.supervise import Child, Supervisor, stop_on_sigterm
 
 ROOT = Path(__file__).resolve().parent.parent
 # shifts every local port, so a second cluster (a test's) can run beside `make cluster`
@@ -371,12 +371,12 @@ def compose() -> dict[str, Any]:
     for node in TOPOLOGY:
         service: dict[str, Any] = {
             "build": ".", "image": "export-gateway:local",
-            "command": ["python", "scripts/run_cluster.py", "node", node.name, "--hosts", "compose"],
+            "command": ["python", "-m", "scripts.run_cluster", "node", node.name, "--hosts", "compose"],
             "environment": {
                 "REDIS_PASSWORD": "${REDIS_PASSWORD:?set REDIS_PASSWORD to a long random string}",
                 "BACKEND_SERVICE_TOKEN": "${BACKEND_SERVICE_TOKEN:?set it to 32+ random characters}"},
             "restart": "unless-stopped",
-            "healthcheck": {"test": ["CMD", "python", "scripts/run_cluster.py", "check", node.name, "--hosts",
+            "healthcheck": {"test": ["CMD", "python", "-m", "scripts.run_cluster", "check", node.name, "--hosts",
                                      "compose"], **HEALTHCHECK},
         }
         if node.after:
@@ -433,7 +433,7 @@ def main() -> int:
     sub.add_parser("compose", help="print compose.yaml")
     args = parser.parse_args()
     if args.what == "compose":
-        print("# Made by `python scripts/run_cluster.py compose > compose.yaml` from its TOPOLOGY; do not edit.")
+        print("# Made by `python -m scripts.run_cluster compose > compose.yaml` from its TOPOLOGY; do not edit.")
         print(yaml.safe_dump(compose(), sort_keys=False), end="")
         return 0
     if args.what == "node":

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from exports_common.dev_mode import DEV_ADMIN_TOKEN
-from exports_common.supervise import exit_reason, stop_all, stop_on_sigterm, wait_for_any_exit
+from scripts.supervise import exit_reason, stop_all, stop_on_sigterm, wait_for_any_exit
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"

@@ -1,4 +1,4 @@
-"""`make cluster` itself (scripts/run_cluster.py up) as a process of a test or of the chaos tool.
+"""`make cluster` itself (`python -m scripts.run_cluster up`) as a process of a test or of the chaos tool.
 
 Its ports are shifted (CLUSTER_PORT_OFFSET) into a range no other test uses: each pytest-xdist
 worker starts from an offset of its own, below the workers' port blocks and the ephemeral range.
@@ -49,7 +49,7 @@ def free_offset() -> int:
 
 
 class RunningCluster:
-    """`scripts/run_cluster.py up` on shifted ports, its data, logs and pid files under `data_dir`."""
+    """`python -m scripts.run_cluster up` on shifted ports, its data, logs and pid files under `data_dir`."""
 
     def __init__(self, data_dir: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
         """`args`: more of `up`'s options (--store postgresql --database-url URL)."""
@@ -63,7 +63,7 @@ class RunningCluster:
 
     def start(self, timeout: float = 120.0) -> RunningCluster:
         with open(self.output_path, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "scripts/run_cluster.py", "up", *self.args], cwd=ROOT,
+            self.proc = subprocess.Popen([sys.executable, "-m", "scripts.run_cluster", "up", *self.args], cwd=ROOT,
                                          env=self.env, stdout=out, stderr=subprocess.STDOUT)
         wait_until(self._up, timeout, interval=0.3, what=f"the cluster to start; its output: {self.output_path}")
         return self

@@ -42,7 +42,7 @@ def _nginx() -> str:
 
 def test_compose_yaml_is_made_from_the_topology_run_cluster_starts() -> None:
     on_disk = yaml.safe_load((ROOT / "compose.yaml").read_text())
-    assert on_disk == run_cluster.compose(), "stale: python scripts/run_cluster.py compose > compose.yaml"
+    assert on_disk == run_cluster.compose(), "stale: python -m scripts.run_cluster compose > compose.yaml"
     services = on_disk["services"]
     assert list(services) == [node.name for node in run_cluster.TOPOLOGY]
     for node in run_cluster.TOPOLOGY:
@@ -63,7 +63,7 @@ def test_compose_yaml_can_start_redis_needs_its_password_and_every_node_is_check
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     for name, service in compose["services"].items():
         assert service["restart"] == "unless-stopped", name
-        assert service["healthcheck"]["test"] == ["CMD", "python", "scripts/run_cluster.py", "check", name,
+        assert service["healthcheck"]["test"] == ["CMD", "python", "-m", "scripts.run_cluster", "check", name,
                                                   "--hosts", "compose"], name
         # compose refuses to start without a password: Redis 7 refuses other containers without one
         assert service["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?"), name

@@ -1,4 +1,4 @@
-"""`make run` (scripts/run_stack.py): a taken port or a process that stops fails it loudly, naming what."""
+"""`make run` (`python -m scripts.run_stack`): a taken port or a process that stops fails it loudly, naming what."""
 from __future__ import annotations
 
 import http.server
@@ -45,7 +45,7 @@ def _stack(workdir: Path, **ports: int) -> subprocess.Popen[str]:
                BACKEND_DATA_DIR=str(workdir / "backend"), GATEWAY_STATE_DIR=str(workdir / "gateway"))
     for name in ("EXPORT_BACKEND_URL", "GATEWAY_PUBLIC_URL", "REDIS_URL", "RESULT_STORE_URL"):
         env.pop(name, None)
-    return subprocess.Popen([sys.executable, "scripts/run_stack.py"], cwd=ROOT, env=env, text=True,
+    return subprocess.Popen([sys.executable, "-m", "scripts.run_stack"], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 

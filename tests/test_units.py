@@ -19,8 +19,9 @@ from pydantic import ValidationError
 from backend_stub import compression
 from backend_stub.formats import FORMATS
 from exports_common import contract, webhooks
+from exports_common.backoff import backoff, retry_after_seconds
 from exports_common.errors import ApiError
-from exports_common.list_query import query_pairs
+from exports_common.list_query import ListQuery, check_list_query
 from exports_common.netpolicy import AddressPolicy, refusal
 from exports_common.otel import TracingConfig
 from exports_common.periodic import periodic, running
@@ -376,10 +377,13 @@ async def test_a_loop_survives_an_unexpected_error_and_logs_its_traceback_once(
     assert [r.exc_info is not None for r in caplog.records] == [True]
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.text(alphabet="ab=&%+2Fé ;\x00", max_size=24))
-def test_list_query_pairs_read_a_query_as_parse_qsl_does(raw: str) -> None:
-    assert query_pairs(raw) == parse_qsl(raw, keep_blank_values=True)
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([None, *contract.STATUSES]), st.integers(1, 500),
+       st.one_of(st.none(), st.text(alphabet="AZaz09_-", min_size=1, max_size=40)))
+def test_a_checked_list_query_encodes_to_a_query_that_checks_the_same(status: str | None, limit: int,
+                                                                      cursor: str | None) -> None:
+    query = ListQuery(status, limit, cursor)
+    assert check_list_query(parse_qsl(query.encode(), keep_blank_values=True)) == query
 
 
 def test_a_signed_link_is_the_hmac_of_its_task_and_expiry_under_the_first_secret() -> None:
@@ -415,3 +419,16 @@ def test_a_path_param_goes_upstream_as_one_segment_and_reads_back_as_sent(value:
     # a {name:path} param keeps its segments, each encoded on its own
     parts = encode_segments(f"{value.replace('.', 'x')}/a/b", keep_slash=True).split("/")
     assert parts[-2:] == ["a", "b"] and unquote("/".join(parts)) == f"{value.replace('.', 'x')}/a/b"
+
+
+def test_retry_after_reads_delay_seconds_and_http_dates_and_nothing_else() -> None:
+    assert retry_after_seconds(" 7 ") == 7.0
+    assert retry_after_seconds("Wed, 02 Dec 2026 10:00:30 GMT", now=1796205600.0) == 30.0
+    assert retry_after_seconds("Wed, 02 Dec 2026 09:00:00 GMT", now=1796205600.0) == 0.0
+    assert [retry_after_seconds(v) for v in (None, "", "-1", "1.5", "soon")] == [None] * 5
+
+
+def test_backoff_grows_to_its_cap_within_its_jitter_and_survives_a_long_outage() -> None:
+    for step, ceiling in ((0, 1.0), (3, 8.0), (5, 30.0), (5000, 30.0)):
+        assert all(ceiling / 2 <= backoff(step, 1.0, 30.0) <= ceiling for _ in range(50))
+        assert all(0.0 <= backoff(step, 1.0, 30.0, full_jitter=True) <= ceiling for _ in range(50))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import BinaryIO
@@ -42,9 +43,7 @@ def _move(source: Path, target: Path) -> None:
         os.replace(source, target)
     except OSError:
         staging = target.with_name(f".{target.name}.staging")
-        with open(source, "rb") as src, open(staging, "wb") as dst:
-            while data := src.read(CHUNK * 4):
-                dst.write(data)
+        shutil.copyfile(source, staging)
         os.replace(staging, target)
         source.unlink(missing_ok=True)
 

@@ -19,7 +19,6 @@ every connect (the connection goes to the address that was judged).
 from __future__ import annotations
 
 import asyncio
-import random
 import re
 import time
 from collections.abc import Coroutine, Iterator
@@ -32,6 +31,7 @@ from pydantic import Field, field_validator
 from backend_stub.config_model import Strict
 from backend_stub.failures import Cancelled, DeadlineReached, PermanentFailure, TransientFailure
 from backend_stub.sources.base import SourceContext
+from exports_common.backoff import backoff, retry_after_seconds
 from exports_common.netpolicy import AddressPolicy, PinnedResolver, RefusedAddress
 
 CHUNK_BYTES = 64 * 1024
@@ -143,9 +143,9 @@ class HttpBody:
         preview = (await response.content.read(PREVIEW_BYTES)).decode("utf-8", "replace").strip()
         said = f"the endpoint answered {response.status}" + (f": {preview}" if preview else "")
         if response.status in RETRY_LATER:
-            raise TransientFailure(said, wait_sec=max(retry_after(response), backoff(ctx.attempt)))
+            raise TransientFailure(said, wait_sec=max(retry_after(response), attempt_backoff(ctx.attempt)))
         if response.status >= 500:
-            raise TransientFailure(said, wait_sec=backoff(ctx.attempt))
+            raise TransientFailure(said, wait_sec=attempt_backoff(ctx.attempt))
         raise PermanentFailure("ENDPOINT_REFUSED", said)
 
     def _unreachable(self, exc: aiohttp.ClientError) -> Exception:
@@ -156,7 +156,7 @@ class HttpBody:
             return PermanentFailure("ENDPOINT_NOT_ALLOWED", f"{cause}: the endpoint's host may be called only if "
                                     f"sources.allow_hosts or sources.allow_networks in backend.yaml allows it")
         return TransientFailure(f"the endpoint could not be reached: {type(exc).__name__}: {exc}"[:300],
-                                wait_sec=backoff(self._ctx.attempt))
+                                wait_sec=attempt_backoff(self._ctx.attempt))
 
     def _wait(self, step: Coroutine[Any, Any, T]) -> T:
         """Run `step` on this attempt's loop until it is done, or close it when the attempt must stop."""
@@ -178,7 +178,7 @@ class HttpBody:
         if self._ctx.cancelled():
             return Cancelled()
         return TransientFailure(f"the endpoint did not finish within the source's timeout_sec "
-                                f"({self._config.timeout_sec:g} s)", wait_sec=backoff(self._ctx.attempt))
+                                f"({self._config.timeout_sec:g} s)", wait_sec=attempt_backoff(self._ctx.attempt))
 
 
 def query_of(filters: dict[str, Any]) -> list[tuple[str, str]]:
@@ -198,12 +198,10 @@ def kept_media_type(value: str | None) -> str:
 
 
 def retry_after(response: aiohttp.ClientResponse) -> float:
-    """The endpoint's Retry-After in seconds (delay-seconds only; a date or garbage counts as none)."""
-    value = response.headers.get("Retry-After", "").strip()
-    return float(min(int(value), 86_400)) if value.isdigit() else 0.0
+    """The endpoint's Retry-After in seconds (at most a day; garbage counts as none)."""
+    return min(retry_after_seconds(response.headers.get("Retry-After")) or 0.0, 86_400.0)
 
 
-def backoff(attempt: int) -> float:
+def attempt_backoff(attempt: int) -> float:
     """The pause before the next attempt: jittered, doubling with each attempt up to 30 s."""
-    ceiling = min(BACKOFF_MAX_SEC, BACKOFF_FIRST_SEC * 2 ** max(0, attempt - 1))
-    return random.uniform(ceiling / 2, ceiling)
+    return backoff(max(0, attempt - 1), BACKOFF_FIRST_SEC, BACKOFF_MAX_SEC)

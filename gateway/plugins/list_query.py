@@ -6,8 +6,9 @@ and never counts toward a breaker; what goes upstream is the checked query, re-e
 from __future__ import annotations
 
 from typing import ClassVar
+from urllib.parse import parse_qsl
 
-from exports_common.list_query import check_list_query, query_pairs
+from exports_common.list_query import check_list_query
 from gateway.context import RequestContext
 from gateway.plugins.base import PluginBase, Settings
 from gateway.response import GatewayResponse
@@ -23,7 +24,7 @@ class ListQuery(PluginBase[ListQuerySettings]):
     provides: ClassVar[frozenset[str]] = frozenset({"query"})
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
-        # parsed as Starlette's query_params would be, without building its multi-dict for one pass
-        raw = ctx.scope["query_string"].decode("latin-1")
-        ctx.query = check_list_query(query_pairs(raw)).encode()
+        # parsed as Starlette's query_params are, without its multi-dict: the pairs are read once
+        pairs = parse_qsl(ctx.scope["query_string"].decode("latin-1"), keep_blank_values=True)
+        ctx.query = check_list_query(pairs).encode()
         return await self.next(ctx)

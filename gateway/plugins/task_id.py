@@ -19,8 +19,6 @@ from gateway.plugins.base import Contract, Gatekeeper, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
 
-VALID_IDS_KEPT = 1024  # ids found valid kept per route (each under 60 characters)
-
 
 class TaskIdSettings(Settings):
     action: Literal["generate", "check"]
@@ -46,20 +44,13 @@ class TaskId(Gatekeeper[TaskIdSettings]):
         super().__init__(next, settings, services, route)
         self.check = settings.action == "check"
         self.param = settings.param
-        # ids found valid lately: a client polls one task again and again, and a set lookup is far cheaper than
-        # the pattern's match; emptied when it holds VALID_IDS_KEPT, so what clients send cannot grow it
-        self._valid: set[str] = set()
 
     def admit(self, ctx: RequestContext) -> Awaitable[GatewayResponse] | None:
         if not self.check:
             return self._generated(ctx)
         task_id = ctx.params.get(self.param, "")
-        if task_id not in self._valid:
-            if not is_task_id(task_id):
-                raise ApiError(ErrorKind.TASK_NOT_FOUND)
-            if len(self._valid) >= VALID_IDS_KEPT:
-                self._valid.clear()
-            self._valid.add(task_id)
+        if not is_task_id(task_id):
+            raise ApiError(ErrorKind.TASK_NOT_FOUND)
         ctx.task_id = task_id
         return None
 

@@ -13,13 +13,13 @@ hit with three times its load.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field
 
+from exports_common.backoff import backoff, retry_after_seconds
 from exports_common.body_bounds import BodyBytes
 from gateway.context import Handler, RequestContext
 from gateway.plugins.base import RouteInfo, Settings
@@ -55,12 +55,6 @@ class RetrySettings(Settings):
     retry_on: list[Reason] = Field(default_factory=_default_retry_on)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     max_body_bytes: BodyBytes = Field(1_048_576, ge=0, description="a body is kept to be sent again up to this size")
-
-
-def retry_after_seconds(value: str | None) -> float | None:
-    if value is None or not value.strip().isdigit():
-        return None
-    return float(value.strip())
 
 
 @dataclass(frozen=True)
@@ -122,7 +116,7 @@ class Retry:
 
     def _backoff(self, retry: int) -> float:
         b = self.settings.backoff
-        return random.uniform(0, min(b.max, b.initial * b.multiplier ** (retry - 1)))
+        return backoff(retry - 1, b.initial, b.max, b.multiplier, full_jitter=True)
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         if self.settings.attempts == 1 or not self._idempotent(ctx):

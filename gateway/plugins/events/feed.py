@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import urlencode
 
 import orjson
 
@@ -26,12 +26,9 @@ class NoFeed(Exception):
 
 
 def query(after: str | None, tenant: str | None = None, follow: bool = True) -> str:
-    parts = [f"after={quote(after, safe='')}"] if after else []
-    if tenant is not None:
-        parts.append(f"tenant={quote(tenant, safe='')}")
-    if not follow:
-        parts.append("follow=false")
-    return "&".join(parts)
+    """The feed's query string: from `after` (none: the feed's current end), for `tenant` (none: every tenant)."""
+    params = {"after": after or None, "tenant": tenant, "follow": None if follow else "false"}
+    return urlencode({name: value for name, value in params.items() if value is not None})
 
 
 async def lines(resp: GatewayResponse) -> AsyncIterator[dict[str, Any]]:

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections import deque
 from typing import Any, Literal
 
+from exports_common.backoff import backoff
 from gateway.plugins.events.feed import NoFeed, follow
 from gateway.plugins.events.subscriber import Group, Rendered, Subscriber, render
 from gateway.services import Services
@@ -177,7 +177,7 @@ class Hub:
         return bool(self.open) or time.monotonic() - self._idle_since < LINGER_SEC
 
     async def _run(self) -> None:
-        backoff, down_since = BACKOFF_MIN_SEC, None
+        failures, down_since = 0, None  # failures: in a row, since the feed last gave a line
         try:
             while self._wanted():
                 upstream = self.services.upstreams.get(self.upstream)
@@ -189,7 +189,7 @@ class Hub:
                 try:
                     async for line in follow(self.services, upstream, feed, None if fresh else self.position):
                         self._on_line(line, fresh)
-                        fresh, backoff, down_since = False, BACKOFF_MIN_SEC, None
+                        fresh, failures, down_since = False, 0, None
                 except NoFeed:
                     self.feed_outcomes.add(self.upstream, "no_feed")
                     log.info("the upstream serves no change feed; event streams poll each watched task",
@@ -204,8 +204,8 @@ class Hub:
                                                                                "error": str(exc)[:300]})
                     if now - down_since >= self.down_close_sec:
                         self.end_all("upstream_down")
-                    await asyncio.sleep(random.uniform(backoff / 2, backoff))
-                    backoff = min(BACKOFF_MAX_SEC, backoff * 2)
+                    await asyncio.sleep(backoff(failures, BACKOFF_MIN_SEC, BACKOFF_MAX_SEC))
+                    failures += 1
         finally:
             self.ready.clear()
             self.mode = None

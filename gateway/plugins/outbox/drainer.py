@@ -19,7 +19,6 @@ import dataclasses
 import json
 import logging
 import os
-import random
 import socket
 import time
 from typing import Any, Callable
@@ -27,11 +26,11 @@ from typing import Any, Callable
 from opentelemetry.trace import StatusCode
 from redis.exceptions import RedisError
 
+from exports_common.backoff import backoff, retry_after_seconds
 from exports_common.errors import ApiError
 from exports_common.periodic import periodic
 from gateway.breakers import guarded
 from gateway.plugins.outbox.store import OutboxItem, OutboxStore
-from gateway.policy.retry import retry_after_seconds
 from gateway.response import GatewayResponse
 from gateway.services import Services
 from gateway.telemetry import Tally, inject
@@ -146,8 +145,7 @@ class OutboxDrainer:
 def deferral_sec(deferrals: int, retry_after: float | None) -> float:
     """How long a submission refused for now waits: the upstream's Retry-After, else 1 s doubling to a minute
     (jittered, so that submissions refused together do not come back together)."""
-    backoff = min(MAX_DEFERRAL_SEC, 2.0 ** deferrals) * random.uniform(0.5, 1.0)
-    return min(MAX_DEFERRAL_SEC, max(retry_after or 0.0, backoff))
+    return min(MAX_DEFERRAL_SEC, max(retry_after or 0.0, backoff(deferrals, 1.0, MAX_DEFERRAL_SEC)))
 
 
 def refusal(status: int, body: bytes) -> dict[str, Any]:
