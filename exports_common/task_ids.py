@@ -1,6 +1,7 @@
 """Task ids: `<prefix>-YYYYMMDD-<suffix>`, unique without coordination."""
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from datetime import UTC, datetime
@@ -17,5 +18,6 @@ def new_task_id(prefix: str = "exp", now: datetime | None = None) -> str:
     return f"{prefix}-{day}-{suffix}"
 
 
+@functools.lru_cache(maxsize=1024)  # a client polls one task again and again
 def is_task_id(value: str) -> bool:
     return TASK_ID_PATTERN.fullmatch(value) is not None

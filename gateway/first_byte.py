@@ -26,10 +26,14 @@ class FirstByteWatch:
         self._arrived: dict[Task, float] = {}  # a request's task -> when it arrived (time.perf_counter)
         self._expired: set[Task] = set()  # cancelled for their deadline, not yet left
         self._timer: asyncio.TimerHandle | None = None
+        # the loop, once known: current_task() without it asks the kernel for the process id on each call
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def enter(self, arrived: float) -> Task:
         """Watch the current task's request, which arrived at `arrived` (time.perf_counter)."""
-        task = asyncio.current_task()
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task(self._loop)
         assert task is not None, "a request is served in a task"
         self._arrived[task] = arrived
         if self._timer is None:
@@ -52,7 +56,8 @@ class FirstByteWatch:
 
     def _wait_for(self, arrived: float) -> None:
         delay = arrived + self.within - time.perf_counter()
-        self._timer = asyncio.get_running_loop().call_later(delay, self._expire)
+        assert self._loop is not None, "entered before"
+        self._timer = self._loop.call_later(delay, self._expire)
 
     def _expire(self) -> None:
         self._timer = None

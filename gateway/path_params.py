@@ -29,6 +29,7 @@ def multi_segment_params(path: str) -> frozenset[str]:
     return frozenset(name for name, convertor in compile_path(path)[2].items() if isinstance(convertor, PathConvertor))
 
 
+@functools.lru_cache(maxsize=1024)  # a client asks for the same few paths again and again
 def encode_segments(value: str, keep_slash: bool) -> str:
     """`value` as one path segment (or, `keep_slash`, as segments); a dot segment is a 404."""
     if not DOT_SEGMENTS.isdisjoint(value.split("/") if keep_slash else (value,)):
