@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -300,7 +301,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         sdk_log.removeHandler(notes)
 
 
+def _ctrl_c_interrupts() -> None:
+    """Ctrl-C (SIGINT) stops a wait even when exportctl was started with it ignored or blocked, as a script's
+    background job or a supervisor may start it: the wait then says how to resume instead of holding on."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def run() -> None:
+    _ctrl_c_interrupts()
     sys.exit(main())
 
 

@@ -131,8 +131,19 @@ def test_max_wait_reached_exits_3_on_time_and_says_how_to_resume(stack: ClientSt
         assert c.cancel(task_id).status == "CANCELLED"
 
 
-def test_ctrl_c_while_waiting_leaves_the_task_running_and_says_how_to_resume(stack: ClientStack) -> None:
-    proc = subprocess.Popen([EXPORTCTL, "submit", "slow_export", "--wait"], env=env(stack), cwd=ROOT,
+# exportctl started as a script's background job or a supervisor may start it: SIGINT ignored and blocked (both
+# survive the exec)
+SIGINT_IGNORED_AND_BLOCKED = [sys.executable, "-c", "import os, signal, sys; "
+                              "signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                              "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}); "
+                              "os.execv(sys.argv[1], sys.argv[1:])"]
+
+
+@pytest.mark.parametrize("started", ["as usual", "with SIGINT ignored and blocked"])
+def test_ctrl_c_while_waiting_leaves_the_task_running_and_says_how_to_resume(stack: ClientStack, started: str
+                                                                          ) -> None:
+    launcher = [] if started == "as usual" else SIGINT_IGNORED_AND_BLOCKED
+    proc = subprocess.Popen([*launcher, EXPORTCTL, "submit", "slow_export", "--wait"], env=env(stack), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     first = proc.stderr.readline()  # "submitted <id> (PENDING)": the wait has begun
