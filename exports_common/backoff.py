@@ -15,7 +15,7 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # str.isdigit() also takes other scripts' digits, '²'
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)

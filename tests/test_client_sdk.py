@@ -254,6 +254,13 @@ def test_rate_limited_after_the_retries_carries_retry_after() -> None:
     assert all(2.0 <= b - a <= 2.4 for a, b in itertools.pairwise(calls))
 
 
+def test_a_retry_after_in_other_digits_counts_as_none() -> None:
+    """A hostile gateway's `Retry-After: ²` is read as no Retry-After, not a ValueError out of the SDK."""
+    from exports_client.polling import parse_retry_after
+    assert parse_retry_after(" 7 ") == 7.0
+    assert [parse_retry_after(v) for v in ("\u00b2", "\u0663", "1.5", "soon")] == [None] * 4
+
+
 def test_resume_token_is_json_and_a_bad_one_is_refused() -> None:
     plan = polling.plan_for("exp-20261129-aaaaaaaaaaaaaaaa", 100.0, 300, random.Random(1))
     plan.answered(100.0, Task("exp-20261129-aaaaaaaaaaaaaaaa", "RUNNING"), 8)

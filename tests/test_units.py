@@ -425,7 +425,7 @@ def test_retry_after_reads_delay_seconds_and_http_dates_and_nothing_else() -> No
     assert retry_after_seconds(" 7 ") == 7.0
     assert retry_after_seconds("Wed, 02 Dec 2026 10:00:30 GMT", now=1796205600.0) == 30.0
     assert retry_after_seconds("Wed, 02 Dec 2026 09:00:00 GMT", now=1796205600.0) == 0.0
-    assert [retry_after_seconds(v) for v in (None, "", "-1", "1.5", "soon")] == [None] * 5
+    assert [retry_after_seconds(v) for v in (None, "", "-1", "1.5", "soon", "\u00b2", "\u0663")] == [None] * 7
 
 
 def test_backoff_grows_to_its_cap_within_its_jitter_and_survives_a_long_outage() -> None:
