@@ -150,11 +150,6 @@ class Limiter:
         """`hit`, when the limits are kept in this process (no Redis): decided without an await. Else None."""
         return self.local.hit((tag, limit), quota) if self._script is None else None
 
-    def admits_in_process(self, tag: str, limit: str, quota: Quota) -> bool:
-        """True: the limits are kept in this process (no Redis) and the request is admitted (counted). False: it
-        is not counted, and `hit` decides it, with the numbers a refusal needs."""
-        return self._script is None and self.local.hit((tag, limit), quota).allowed
-
     async def hit(self, tag: str, limit: str, quota: Quota, processes: int) -> Decision:
         """One request against bucket `limit` of `tag` (a tenant or a client address).
 

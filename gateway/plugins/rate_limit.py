@@ -19,7 +19,7 @@ from pydantic import Field
 
 from gateway.address_limit import check_address, ratelimit_headers, refusal
 from gateway.context import Handler, RequestContext
-from gateway.limiter import Quota
+from gateway.limiter import Decision, Quota
 from gateway.plugins.base import Gatekeeper, RouteInfo, Settings
 from gateway.response import GatewayResponse
 from gateway.services import Services
@@ -52,19 +52,23 @@ class RateLimit(Gatekeeper[RateLimitSettings]):
             ctx.upstream_headers[ACTIVE_TASKS_HEADER] = str(limits.max_active_tasks)
         if self.submits:  # the answer carries the RateLimit headers, from the decision's numbers
             return self._decided(ctx, tenant, limits.submits)
-        if self.services.limiter.admits_in_process(tenant, self.limit, limits.requests):
+        decision = self.services.limiter.hit_in_process(tenant, self.limit, limits.requests)
+        if decision is not None and decision.allowed:
             return None
-        # refused, or the limits are in Redis: decided again with the numbers a refusal needs, or by Redis
-        return self._decided(ctx, tenant, limits.requests)
+        # refused (the decision holds the numbers a refusal needs), or the limits are in Redis
+        return self._decided(ctx, tenant, limits.requests, decision)
 
     async def _by_address(self, ctx: RequestContext) -> GatewayResponse:
         refused = await check_address(self.services, ctx.scope)
         return refused if refused is not None else await self.next(ctx)
 
-    async def _decided(self, ctx: RequestContext, tenant: str, quota: Quota) -> GatewayResponse:
+    async def _decided(self, ctx: RequestContext, tenant: str, quota: Quota,
+                       decision: Decision | None = None) -> GatewayResponse:
+        """The request against `quota`, by `decision` when this process has already made it."""
         services = self.services
         limits = services.tenants.limits
-        decision = services.limiter.hit_in_process(tenant, self.limit, quota)
+        if decision is None:
+            decision = services.limiter.hit_in_process(tenant, self.limit, quota)
         if decision is None:
             decision = await services.limiter.hit(tenant, self.limit, quota, limits.gateway_processes)
         if not decision.allowed:
