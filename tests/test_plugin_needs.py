@@ -179,12 +179,18 @@ NEEDS_AUTH_FIRST = ("route `submit`: idempotency needs `tenant`, which auth prov
                     "list auth before idempotency")
 
 
+def _submit_route_file(tmp_path: Path, plugins: list[str]) -> Path:
+    """A gateway config file whose submit route lists `plugins`, in this order."""
+    config = gateway_config(tmp_path, "http://127.0.0.1:9")
+    _submit_plugins(config, plugins)
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
 def test_a_gateway_listing_idempotency_before_auth_is_refused_by_check_config_and_at_start(
         tmp_path: Path) -> None:
-    config = gateway_config(tmp_path, "http://127.0.0.1:9")
-    _submit_plugins(config, ["rate_limit", "validate", "idempotency", "auth", "task_id", "outbox"])
-    path = tmp_path / "idempotency-first.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path = _submit_route_file(tmp_path, ["rate_limit", "validate", "idempotency", "auth", "task_id", "outbox"])
     checked = gateway_command("check-config", str(path))
     assert checked.returncode == 2, checked.stdout + checked.stderr
     assert NEEDS_AUTH_FIRST in checked.stderr, checked.stderr
@@ -195,10 +201,7 @@ def test_a_gateway_listing_idempotency_before_auth_is_refused_by_check_config_an
 
 
 def test_a_gateway_listing_validate_after_the_outbox_is_refused_naming_both_fields(tmp_path: Path) -> None:
-    config = gateway_config(tmp_path, "http://127.0.0.1:9")
-    _submit_plugins(config, ["rate_limit", "auth", "idempotency", "task_id", "outbox", "validate"])
-    path = tmp_path / "outbox-first.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path = _submit_route_file(tmp_path, ["rate_limit", "auth", "idempotency", "task_id", "outbox", "validate"])
     checked = gateway_command("check-config", str(path))
     assert checked.returncode == 2, checked.stdout + checked.stderr
     for field in ("body", "json"):
