@@ -267,6 +267,7 @@ class RedisOutbox:
         # forgotten only once given up: after a failed release (Redis did not answer) the hold is still ours
         del self._held[owner]
 
+
 def new_item(task_id: str, tenant: str, upstream: str, method: str, path: str, headers: list[tuple[str, str]],
              body: bytes) -> OutboxItem:
     return OutboxItem(task_id, tenant, upstream, method, path, headers, base64.b64encode(body).decode(), time.time())
