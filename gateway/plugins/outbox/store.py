@@ -16,6 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from redis.asyncio.lock import Lock
+from redis.exceptions import LockNotOwnedError
+
 from exports_common.redis_client import AnyRedis
 
 # a deferred item keeps its place: the drain looks this far down the order for one that is due
@@ -165,12 +168,6 @@ if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
 end
 return 1
 """
-_UNLOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
 
 
 class RedisOutbox:
@@ -182,7 +179,10 @@ class RedisOutbox:
         self.lock_key = f"{tag}:lock"
         self.tag = tag
         self._put = client.register_script(_PUT)
-        self._unlock = client.register_script(_UNLOCK)
+        # the drain lock as each owner in this process holds it: redis-py's Lock, whose token (its own, unique
+        # to that hold) is stored in the key; it is renewed and released only by scripts that check the token
+        # first, so a hold that lapsed never renews or frees the lock another process has taken since
+        self._held: dict[str, Lock] = {}
 
     def _tenant_key(self, tenant: str) -> str:
         # in the outbox's slot, so that an item, its place in the order and its tenant's count change together
@@ -244,18 +244,28 @@ class RedisOutbox:
         return int(await self.redis.scard(self._tenant_key(tenant)))
 
     async def lock(self, owner: str, ttl: float) -> bool:
-        px = max(1, int(ttl * 1000))
-        if await self.redis.set(self.lock_key, owner, nx=True, px=px):
-            return True
-        current = await self.redis.get(self.lock_key)
-        holder = current.decode() if isinstance(current, bytes) else current
-        if holder == owner:
-            await self.redis.pexpire(self.lock_key, px)
-            return True
-        return False
+        held = self._held.get(owner)
+        if held is not None:
+            try:
+                return await held.extend(ttl, replace_ttl=True)
+            except LockNotOwnedError:  # its lease lapsed: the lock is free, or another process's now
+                del self._held[owner]
+        lease = self.redis.lock(self.lock_key, timeout=ttl, thread_local=False)
+        if not await lease.acquire(blocking=False):
+            return False
+        self._held[owner] = lease
+        return True
 
     async def unlock(self, owner: str) -> None:
-        await self._unlock(keys=[self.lock_key], args=[owner])
+        held = self._held.get(owner)
+        if held is None:
+            return
+        try:
+            await held.release()
+        except LockNotOwnedError:  # its lease lapsed: nothing of ours to give up
+            pass
+        # forgotten only once given up: after a failed release (Redis did not answer) the hold is still ours
+        del self._held[owner]
 
 
 def new_item(task_id: str, tenant: str, upstream: str, method: str, path: str, headers: list[tuple[str, str]],
