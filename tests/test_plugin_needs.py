@@ -1,14 +1,15 @@
-"""A plugin declares every context field it reads that another plugin provides, so that the route check holds.
+"""A plugin declares every context field it reads that another plugin provides, and every one it sets, so that
+the route check holds.
 
 The route check (gateway/config.py, `contract_problems`) refuses a chain whose plugins are listed in an
 order that cannot run, but it knows only what each plugin declares. A plugin that reads a field without
 declaring it passes in any order and then reads nothing there: `idempotency` listed before `auth` kept
 every tenant's keys as one (a second tenant's submit got the first one's task, replayed).
 
-`test_every_plugin_declares_each_provided_field_it_reads` finds the reads in the plugins' source with
-`ast`, not by running them: a plugin reads most such fields on one branch only (the outbox reads `json`
-only when the upstream is down, on a write route in `mode: outbox`), so a run would see what its
-scenarios happen to reach, and nothing of a plugin added later. What counts as a read:
+`test_every_plugin_declares_each_provided_field_it_reads_and_each_field_it_sets` finds the reads (and
+writes) in the plugins' source with `ast`, not by running them: a plugin reads most such fields on one
+branch only (the outbox reads `json` only when the upstream is down, on a write route in `mode: outbox`),
+so a run would see what its scenarios happen to reach, and nothing of a plugin added later. What counts as a read:
 
 - `<ctx>.<field>` loaded anywhere in the plugin's module (every module of its package, for a package),
   where `<ctx>` is a name called `ctx`, a parameter annotated `RequestContext`, or an attribute that a
@@ -18,11 +19,13 @@ scenarios happen to reach, and nothing of a plugin added later. What counts as a
   it reads the body itself when no plugin did, which is why a plugin calling it needs nobody.
 
 The fields that count are those some plugin provides or sets (declared `provides`/`defaults`, or
-assigned as `<ctx>.<field> = ...` in a plugin). A plugin's declarations are the union of its contracts
+assigned as `<ctx>.<field> = ...` in a plugin). A plugin that assigns a field must declare it in its own
+`provides` or `defaults`: undeclared, the check cannot see that a later plugin (or the upstream call,
+which sends `query`) depends on the order. A plugin's declarations are the union of its contracts
 with its default settings on a read route and on a write route (its class-level `needs`/`provides` when
-its settings have required keys): a read must be declared by at least one use. Reads by code outside the
-plugin's package that it hands the context to (the route's upstream call, another route's answer view)
-are that code's, and the upstream call's are checked as the route's `policy.needs`.
+its settings have required keys): a read or a write must be declared by at least one use. Reads by code
+outside the plugin's package that it hands the context to (the route's upstream call, another route's answer
+view) are that code's, and the upstream call's are checked as the route's `policy.needs`.
 """
 from __future__ import annotations
 
@@ -139,7 +142,7 @@ def _plugins() -> list[type[Plugin]]:
     return found
 
 
-def test_every_plugin_declares_each_provided_field_it_reads() -> None:
+def test_every_plugin_declares_each_provided_field_it_reads_and_each_field_it_sets() -> None:
     plugins = _plugins()
     assert {"auth", "idempotency", "outbox", "events", "tenant_allowlist"} <= {p.name for p in plugins}
     reads = {p.name: _context_reads(_parsed(_sources(p))) for p in plugins}
@@ -151,16 +154,20 @@ def test_every_plugin_declares_each_provided_field_it_reads() -> None:
     assert through["tenant_key"] == {"tenant"} and SELF_SERVED.keys() <= through.keys()
     problems = []
     for plugin in plugins:
-        loads, _ = reads[plugin.name]
+        loads, stores = reads[plugin.name]
         read = (loads & provided) | set().union(*(through[m] for m in loads & through.keys() - SELF_SERVED.keys()))
         own = declared[plugin.name]
         for field in sorted(read - own.needs - own.provides - own.defaults):
             problems.append(f"{plugin.name} reads ctx.{field} but does not declare it in `needs` "
                             f"({inspect.getfile(plugin)})")
+        for field in sorted(stores - own.provides - own.defaults):
+            problems.append(f"{plugin.name} sets ctx.{field} but does not declare it in `provides` or `defaults` "
+                            f"({inspect.getfile(plugin)})")
     assert problems == []
     # the finder sees what it is meant to: reads the contracts declare, through a method and through a class field
     assert "tenant" in reads["idempotency"][0] and "json" in reads["outbox"][0]
     assert "tenant_key" in reads["stale_if_error"][0] and "tenant" in reads["events"][0]
+    assert "query" in reads["signed_download"][1] and "task_id" in reads["idempotency"][1]
 
 
 def _submit_plugins(config: dict[str, Any], order: list[str]) -> None:
