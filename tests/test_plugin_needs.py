@@ -25,7 +25,9 @@ which sends `query`) depends on the order. A plugin's declarations are the union
 with its default settings on a read route and on a write route (its class-level `needs`/`provides` when
 its settings have required keys): a read or a write must be declared by at least one use. Reads by code
 outside the plugin's package that it hands the context to (the route's upstream call, another route's answer
-view) are that code's, and the upstream call's are checked as the route's `policy.needs`.
+view) are that code's. The upstream call's reads are checked the same way by
+`test_the_upstream_call_reads_no_provided_field_but_its_need_and_those_it_goes_without`: each is the
+route's `policy.needs` or one it goes without (`CALL_READS`, each with its reason).
 """
 from __future__ import annotations
 
@@ -44,6 +46,9 @@ from exports_common.config_loader import ConfigError
 from gateway import context
 from gateway.plugin_registry import registry
 from gateway.plugins.base import Contract, Plugin
+from gateway.policy import RoutePolicy
+from gateway.policy.circuit_breaker import RouteBreakerSettings
+from gateway.policy.retry import RetrySettings
 from gateway.testing import PluginHarness
 from tests.conftest import gateway_config
 from tests.procs import ROOT
@@ -168,6 +173,29 @@ def test_every_plugin_declares_each_provided_field_it_reads_and_each_field_it_se
     assert "tenant" in reads["idempotency"][0] and "json" in reads["outbox"][0]
     assert "tenant_key" in reads["stale_if_error"][0] and "tenant" in reads["events"][0]
     assert "query" in reads["signed_download"][1] and "task_id" in reads["idempotency"][1]
+
+
+# The route's upstream call (its policy, the proxy and the headers it sends) runs after every plugin. Each
+# field a plugin provides that the call reads is the policy's declared need, or one the call goes without:
+UPSTREAM_CALL = [*sorted((ROOT / "gateway/policy").glob("*.py")), *(ROOT / "gateway" / f"{name}.py"
+                                                                      for name in ("proxy", "headers"))]
+CALL_READS = {
+    "task_id": "policy.retry's need on a write route (RoutePolicy.needs): a write is retried only by its id",
+    "tenant": "the breaker's, read only on a route where a plugin provides it (circuit_breaker.breaker_of)",
+    "query": "the query sent upstream; None (no plugin set it) sends the client's",
+    "body": "the bytes a plugin read; None (no plugin read them) streams the request's own body",
+}
+
+
+def test_the_upstream_call_reads_no_provided_field_but_its_need_and_those_it_goes_without() -> None:
+    provided = set().union(*(d.provides | d.defaults for d in map(_declared, _plugins())))
+    loads, stores = _context_reads(_parsed(UPSTREAM_CALL))
+    through = _method_reads(provided)
+    read = (loads & provided) | set().union(*(through[m] for m in loads & through.keys() - SELF_SERVED.keys()))
+    assert read == CALL_READS.keys(), "a field the call reads is declared in RoutePolicy.needs or listed here"
+    assert stores & provided == set(), "the call sets only its own fields (timeouts, deadline, attempt...)"
+    assert RoutePolicy(retry=RetrySettings()).needs(("POST",)) == {"task_id"}
+    assert RoutePolicy(retry=RetrySettings(), circuit_breaker=RouteBreakerSettings()).needs(("GET",)) == set()
 
 
 def _submit_plugins(config: dict[str, Any], order: list[str]) -> None:
