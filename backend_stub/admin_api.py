@@ -71,7 +71,7 @@ class AdminApi:
         if not tenant or len(tenant) > 128:
             raise validation_error("tenant", "name the tenant (1 to 128 characters)")
         raw = params.get("limit", "50")
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_LIMIT:  # isdigit alone takes '²'
             raise validation_error("limit", f"must be an integer from 1 to {MAX_LIMIT}")
         return tenant, int(raw), params.get("cursor") or None
 

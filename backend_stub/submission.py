@@ -56,7 +56,7 @@ def parse_active_quota(raw: str | None) -> int | None:
     """`X-Tenant-Max-Active-Tasks`, set by the gateway from the tenant's limits; absent: no quota."""
     if raw is None:
         return None
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:  # isdigit alone takes '²', which int() refuses
         raise validation_error("X-Tenant-Max-Active-Tasks", "header must be a whole number >= 1")
     return int(raw)
 

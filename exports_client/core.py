@@ -302,4 +302,4 @@ def _range_start(content_range: str) -> int | None:
     # "bytes 100-199/200"
     unit, _, spec = content_range.partition(" ")
     first = spec.split("-", 1)[0]
-    return int(first) if unit == "bytes" and first.isdigit() else None
+    return int(first) if unit == "bytes" and first.isascii() and first.isdigit() else None  # not '²'

@@ -87,7 +87,7 @@ class EventParser:
             self._type = value
         elif name == "id" and "\0" not in value:
             self.last_id = value
-        elif name == "retry" and value.isdigit():
+        elif name == "retry" and value.isascii() and value.isdigit():  # isdigit alone takes '²'
             self.retry_ms = int(value)
         return None
 

@@ -19,10 +19,16 @@ def too_large(max_bytes: int) -> ApiError:
     return ApiError(ErrorKind.PAYLOAD_TOO_LARGE, f"the body must be at most {max_bytes} bytes")
 
 
+def refuse_declared_over(declared: str | None, max_bytes: int) -> None:
+    """413 if the declared Content-Length is over max_bytes; a length that is not ASCII digits is left to the
+    streamed count (`str.isdigit()` alone also takes '²' and other scripts' digits, which `int()` refuses)."""
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
+        raise too_large(max_bytes)
+
+
 async def read_limited(chunks: AsyncIterator[bytes], max_bytes: int, declared: str | None) -> bytes:
     """The whole body, or 413 as soon as it is known to exceed max_bytes (declared or streamed)."""
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise too_large(max_bytes)
+    refuse_declared_over(declared, max_bytes)
     body = bytearray()
     async for chunk in chunks:
         body += chunk

@@ -13,7 +13,10 @@ The rule that keeps one tenant from opening the shared breaker for everyone:
   fault, never a tenant's, even while one tenant alone is calling: that tenant's submits
   are then outboxed, not refused as its own;
 - a tenant whose requests alone keep failing gets its own open state (its own 503
-  with Retry-After, listed in /admin/breakers) and nobody else notices.
+  with Retry-After, listed in /admin/breakers) and nobody else notices;
+- calls with no tenant count as one tenant, `-`; on a breaker with no tenant to isolate
+  (`direct`: a tenant-less route's own) a failure status counts toward it as a
+  transport failure does.
 
 Each breaker is a small state machine of its own: closed (counting consecutive
 failures), open (refusing until `reset_timeout` has passed), half-open (exactly one
@@ -36,7 +39,7 @@ from gateway.upstream import UpstreamError
 log = logging.getLogger("gateway.breaker")
 State = Literal["closed", "half-open", "open"]
 STATES: dict[str, int] = {"closed": 0, "half-open": 1, "open": 2}
-ANONYMOUS = "-"  # calls with no tenant (signed downloads) share one tenant's breaker
+ANONYMOUS = "-"  # calls with no tenant (signed downloads) count as one tenant, with one tenant's breaker
 # statuses in which the upstream (or a proxy in front of it) says it cannot serve now, whoever asks
 UNAVAILABLE = frozenset({502, 503, 504})
 _TRIALS: set[asyncio.Future[GatewayResponse]] = set()
@@ -176,22 +179,23 @@ class Breakers:
 
 
 def guarded(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse]],
-            failure_statuses: frozenset[int], tenant: str | None = None) -> Coroutine[Any, Any, GatewayResponse]:
-    """`call` made through the upstream's breaker and the tenant's, to await: either open answers at once."""
-    if breaker.state == "closed":
-        own = breaker.of_tenant(tenant)
-        if own.state == "closed":  # neither refuses nor wants a trial: the call goes straight through
-            return _through(breaker, own, call, failure_statuses)
-    return _admitted(breaker, call, failure_statuses, tenant)
+            failure_statuses: frozenset[int], tenant: str | None = None,
+            direct: bool = False) -> Coroutine[Any, Any, GatewayResponse]:
+    """`call` made through the upstream's breaker and the tenant's, to await: either open answers at once.
+    `direct`: no tenant's breaker; a failure status counts toward `breaker` itself, as a transport failure does
+    (a route with no tenant on a breaker of its own: gateway/policy/circuit_breaker.py)."""
+    own = None if direct else breaker.of_tenant(tenant)
+    if breaker.state == "closed" and (own is None or own.state == "closed"):
+        return _through(breaker, own, call, failure_statuses)  # neither refuses nor wants a trial
+    return _admitted(breaker, call, failure_statuses, own)
 
 
 async def _admitted(breaker: Breaker, call: Callable[[], Awaitable[GatewayResponse]],
-                    failure_statuses: frozenset[int], tenant: str | None) -> GatewayResponse:
+                    failure_statuses: frozenset[int], own: Breaker | None) -> GatewayResponse:
     """The call when a breaker is not closed: refused while open, else perhaps its trial."""
     shared_trial = breaker.admit()
-    own = breaker.of_tenant(tenant)
     try:
-        own_trial = own.admit()
+        own_trial = own.admit() if own is not None else False
     except BaseException:
         if shared_trial:
             breaker.trial_done()
@@ -204,9 +208,10 @@ async def _admitted(breaker: Breaker, call: Callable[[], Awaitable[GatewayRespon
     # the event loop holds tasks weakly: one whose request went away is held here until it ends
     _TRIALS.add(trial)
     trial.add_done_callback(_TRIALS.discard)
-    for trying, is_trial in ((breaker, shared_trial), (own, own_trial)):
-        if is_trial:
-            trial.add_done_callback(trying.trial_done)
+    if shared_trial:
+        trial.add_done_callback(breaker.trial_done)
+    if own is not None and own_trial:
+        trial.add_done_callback(own.trial_done)
     try:
         return await asyncio.shield(trial)
     except asyncio.CancelledError:
@@ -214,7 +219,7 @@ async def _admitted(breaker: Breaker, call: Callable[[], Awaitable[GatewayRespon
         raise
 
 
-async def _through(shared: Breaker, own: Breaker, call: Callable[[], Awaitable[GatewayResponse]],
+async def _through(shared: Breaker, own: Breaker | None, call: Callable[[], Awaitable[GatewayResponse]],
                    failure_statuses: frozenset[int]) -> GatewayResponse:
     try:
         resp = await call()
@@ -226,6 +231,9 @@ async def _through(shared: Breaker, own: Breaker, call: Callable[[], Awaitable[G
     except Exception:
         shared.record(failed=True)
         raise
+    if own is None:
+        shared.record(failed=resp.status in failure_statuses)
+        return resp
     tenant = own.tenant or ANONYMOUS
     if resp.status in failure_statuses:
         if tenant_at_fault(shared, tenant, resp.status):

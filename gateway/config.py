@@ -90,6 +90,13 @@ def _missing(route: RouteConfig, name: str, field: str, after: list[tuple[str, C
     return f"route `{route.name}`: {name} needs `{field}`, which no earlier plugin provides{hint}"
 
 
+def provided_by(route: RouteConfig) -> frozenset[str]:
+    """The context fields the route's plugins set (provide, or default) before its upstream call."""
+    methods = tuple(route.methods)
+    contracts = [registry().get(e.name).contract(e.settings, methods) for e in route.plugins]
+    return frozenset().union(*(c.provides | c.defaults for c in contracts))
+
+
 def contract_problems(route: RouteConfig) -> list[tuple[Loc, str]]:
     """Each plugin's declared needs against what the plugins before it provide (gateway/plugins/base.py), and
     the upstream call's (it runs last); each problem with the path of the plugin (or policy) it is about."""
@@ -371,7 +378,7 @@ class GatewayConfig(Strict):
     def breaker_of(self, route: RouteConfig) -> BreakerUse | None:
         """The breaker route `route`'s calls go through (None: none)."""
         return breaker_of(route.name, route.upstream, self.upstreams[route.upstream].circuit_breaker,
-                          route.policy.circuit_breaker)
+                          route.policy.circuit_breaker, "tenant" in provided_by(route))
 
     @field_validator("trusted_proxies")
     @classmethod

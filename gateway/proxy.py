@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator, Awaitable
 
 from opentelemetry import trace
 
-from exports_common.json_body import too_large
+from exports_common.json_body import refuse_declared_over, too_large
 from gateway.context import RequestContext
 from gateway.headers import client_headers, upstream_headers
 from gateway.response import GatewayResponse
@@ -56,9 +56,7 @@ class Proxy:
             return ctx.body
         if ctx.method in ("GET", "HEAD", "DELETE", "OPTIONS"):
             return None
-        declared = ctx.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise too_large(self.max_body_bytes)
+        refuse_declared_over(ctx.headers.get("content-length"), self.max_body_bytes)
         return LimitedBody(ctx.request.stream(), self.max_body_bytes)
 
     def _timeouts(self, ctx: RequestContext) -> Timeouts:

@@ -1,14 +1,15 @@
-"""A plugin declares every context field it reads that another plugin provides, so that the route check holds.
+"""A plugin declares every context field it reads that another plugin provides, and every one it sets, so that
+the route check holds.
 
 The route check (gateway/config.py, `contract_problems`) refuses a chain whose plugins are listed in an
 order that cannot run, but it knows only what each plugin declares. A plugin that reads a field without
 declaring it passes in any order and then reads nothing there: `idempotency` listed before `auth` kept
 every tenant's keys as one (a second tenant's submit got the first one's task, replayed).
 
-`test_every_plugin_declares_each_provided_field_it_reads` finds the reads in the plugins' source with
-`ast`, not by running them: a plugin reads most such fields on one branch only (the outbox reads `json`
-only when the upstream is down, on a write route in `mode: outbox`), so a run would see what its
-scenarios happen to reach, and nothing of a plugin added later. What counts as a read:
+`test_every_plugin_declares_each_provided_field_it_reads_and_each_field_it_sets` finds the reads (and
+writes) in the plugins' source with `ast`, not by running them: a plugin reads most such fields on one
+branch only (the outbox reads `json` only when the upstream is down, on a write route in `mode: outbox`),
+so a run would see what its scenarios happen to reach, and nothing of a plugin added later. What counts as a read:
 
 - `<ctx>.<field>` loaded anywhere in the plugin's module (every module of its package, for a package),
   where `<ctx>` is a name called `ctx`, a parameter annotated `RequestContext`, or an attribute that a
@@ -18,11 +19,15 @@ scenarios happen to reach, and nothing of a plugin added later. What counts as a
   it reads the body itself when no plugin did, which is why a plugin calling it needs nobody.
 
 The fields that count are those some plugin provides or sets (declared `provides`/`defaults`, or
-assigned as `<ctx>.<field> = ...` in a plugin). A plugin's declarations are the union of its contracts
+assigned as `<ctx>.<field> = ...` in a plugin). A plugin that assigns a field must declare it in its own
+`provides` or `defaults`: undeclared, the check cannot see that a later plugin (or the upstream call,
+which sends `query`) depends on the order. A plugin's declarations are the union of its contracts
 with its default settings on a read route and on a write route (its class-level `needs`/`provides` when
-its settings have required keys): a read must be declared by at least one use. Reads by code outside the
-plugin's package that it hands the context to (the route's upstream call, another route's answer view)
-are that code's, and the upstream call's are checked as the route's `policy.needs`.
+its settings have required keys): a read or a write must be declared by at least one use. Reads by code
+outside the plugin's package that it hands the context to (the route's upstream call, another route's answer
+view) are that code's. The upstream call's reads are checked the same way by
+`test_the_upstream_call_reads_no_provided_field_but_its_need_and_those_it_goes_without`: each is the
+route's `policy.needs` or one it goes without (`CALL_READS`, each with its reason).
 """
 from __future__ import annotations
 
@@ -41,6 +46,9 @@ from exports_common.config_loader import ConfigError
 from gateway import context
 from gateway.plugin_registry import registry
 from gateway.plugins.base import Contract, Plugin
+from gateway.policy import RoutePolicy
+from gateway.policy.circuit_breaker import RouteBreakerSettings
+from gateway.policy.retry import RetrySettings
 from gateway.testing import PluginHarness
 from tests.conftest import gateway_config
 from tests.procs import ROOT
@@ -139,7 +147,7 @@ def _plugins() -> list[type[Plugin]]:
     return found
 
 
-def test_every_plugin_declares_each_provided_field_it_reads() -> None:
+def test_every_plugin_declares_each_provided_field_it_reads_and_each_field_it_sets() -> None:
     plugins = _plugins()
     assert {"auth", "idempotency", "outbox", "events", "tenant_allowlist"} <= {p.name for p in plugins}
     reads = {p.name: _context_reads(_parsed(_sources(p))) for p in plugins}
@@ -151,16 +159,43 @@ def test_every_plugin_declares_each_provided_field_it_reads() -> None:
     assert through["tenant_key"] == {"tenant"} and SELF_SERVED.keys() <= through.keys()
     problems = []
     for plugin in plugins:
-        loads, _ = reads[plugin.name]
+        loads, stores = reads[plugin.name]
         read = (loads & provided) | set().union(*(through[m] for m in loads & through.keys() - SELF_SERVED.keys()))
         own = declared[plugin.name]
         for field in sorted(read - own.needs - own.provides - own.defaults):
             problems.append(f"{plugin.name} reads ctx.{field} but does not declare it in `needs` "
                             f"({inspect.getfile(plugin)})")
+        for field in sorted(stores - own.provides - own.defaults):
+            problems.append(f"{plugin.name} sets ctx.{field} but does not declare it in `provides` or `defaults` "
+                            f"({inspect.getfile(plugin)})")
     assert problems == []
     # the finder sees what it is meant to: reads the contracts declare, through a method and through a class field
     assert "tenant" in reads["idempotency"][0] and "json" in reads["outbox"][0]
     assert "tenant_key" in reads["stale_if_error"][0] and "tenant" in reads["events"][0]
+    assert "query" in reads["signed_download"][1] and "task_id" in reads["idempotency"][1]
+
+
+# The route's upstream call (its policy, the proxy and the headers it sends) runs after every plugin. Each
+# field a plugin provides that the call reads is the policy's declared need, or one the call goes without:
+UPSTREAM_CALL = [*sorted((ROOT / "gateway/policy").glob("*.py")), *(ROOT / "gateway" / f"{name}.py"
+                                                                      for name in ("proxy", "headers"))]
+CALL_READS = {
+    "task_id": "policy.retry's need on a write route (RoutePolicy.needs): a write is retried only by its id",
+    "tenant": "the breaker's, read only on a route where a plugin provides it (circuit_breaker.breaker_of)",
+    "query": "the query sent upstream; None (no plugin set it) sends the client's",
+    "body": "the bytes a plugin read; None (no plugin read them) streams the request's own body",
+}
+
+
+def test_the_upstream_call_reads_no_provided_field_but_its_need_and_those_it_goes_without() -> None:
+    provided = set().union(*(d.provides | d.defaults for d in map(_declared, _plugins())))
+    loads, stores = _context_reads(_parsed(UPSTREAM_CALL))
+    through = _method_reads(provided)
+    read = (loads & provided) | set().union(*(through[m] for m in loads & through.keys() - SELF_SERVED.keys()))
+    assert read == CALL_READS.keys(), "a field the call reads is declared in RoutePolicy.needs or listed here"
+    assert stores & provided == set(), "the call sets only its own fields (timeouts, deadline, attempt...)"
+    assert RoutePolicy(retry=RetrySettings()).needs(("POST",)) == {"task_id"}
+    assert RoutePolicy(retry=RetrySettings(), circuit_breaker=RouteBreakerSettings()).needs(("GET",)) == set()
 
 
 def _submit_plugins(config: dict[str, Any], order: list[str]) -> None:

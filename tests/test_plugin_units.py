@@ -247,9 +247,11 @@ def test_a_routes_own_breaker_and_its_upstreams_open_apart(tmp_path: Path) -> No
                    {**ROUTE, "name": "download", "methods": ["GET"],
                     "policy": {"circuit_breaker": {"scope": "route", "reset_timeout_sec": 60}}}]})
     api, download = config.routes
-    assert config.breaker_of(api) == BreakerUse("exports", CircuitBreakerSettings(fail_max=2))
-    assert config.breaker_of(download) == BreakerUse("exports@download",
-                                                     CircuitBreakerSettings(fail_max=2, reset_timeout_sec=60))
+    # neither route has a tenant provider: the api route's callers are one anonymous tenant on the shared breaker,
+    # the download route's 5xx count toward its own breaker directly
+    assert config.breaker_of(api) == BreakerUse("exports", CircuitBreakerSettings(fail_max=2), "anonymous")
+    assert config.breaker_of(download) == BreakerUse(
+        "exports@download", CircuitBreakerSettings(fail_max=2, reset_timeout_sec=60), "breaker")
     failing = Scripted("connect_error")
     chains = {r.name: build_chain(r, config.breaker_of(r), svc, failing) for r in config.routes}
 

@@ -15,7 +15,7 @@ from exports_common.contract import DOWNLOAD_PATH, link_params, signed_link
 from exports_common.errors import ApiError, ErrorKind
 from exports_common.timefmt import parse_rfc3339
 from gateway.context import RequestContext
-from gateway.plugins.base import PluginBase, Settings
+from gateway.plugins.base import Contract, PluginBase, Settings
 from gateway.response import GatewayResponse
 
 
@@ -28,6 +28,13 @@ class SignedDownloadSettings(Settings):
 class SignedDownload(PluginBase[SignedDownloadSettings]):
     name: ClassVar[str] = "signed_download"
     Settings: ClassVar[type[SignedDownloadSettings]] = SignedDownloadSettings
+    provides: ClassVar[frozenset[str]] = frozenset({"query"})  # verify only: `contract` says which use
+
+    @classmethod
+    def contract(cls, settings: SignedDownloadSettings, methods: tuple[str, ...]) -> Contract:
+        # verify sends the download upstream without the link's query: `expires` and `sig` are the gateway's,
+        # and a signature in the upstream's access log would be a link anyone reading the log could use
+        return Contract(provides=cls.provides if settings.action == "verify" else frozenset())
 
     async def __call__(self, ctx: RequestContext) -> GatewayResponse:
         if self.settings.action == "verify":
@@ -59,5 +66,5 @@ class SignedDownload(PluginBase[SignedDownloadSettings]):
             raise ApiError(ErrorKind.BAD_SIGNATURE)
         if expires < time.time():
             raise ApiError(ErrorKind.GONE)
-        ctx.query = ""
+        ctx.query = ""  # the link's own parameters stay at the edge
 

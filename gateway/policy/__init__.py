@@ -31,7 +31,8 @@ class RoutePolicy(Settings):
         None, description="none: the upstream's breaker (upstreams.<name>.circuit_breaker), if it has one")
 
     def needs(self, methods: tuple[str, ...]) -> frozenset[str]:
-        """The context fields the call reads, which the route's plugins must provide."""
+        """The context fields the call reads, which the route's plugins must provide. The breaker's `tenant` is
+        none of them: it is read only on a route where a plugin provides it (circuit_breaker.breaker_of)."""
         return retry.needs(self.retry, methods) if self.retry is not None else frozenset()
 
 

@@ -15,8 +15,18 @@ status counts toward the calling tenant's own breaker, and toward the shared one
 only while at least two tenants see such statuses within `window_sec`: one tenant
 cannot open the breaker for everyone. An unavailable status (502, 503, 504) is the
 tenant's own only while another tenant is being served (gateway/breakers.py). A 4xx
-never counts, and neither does a client that goes away. The breaker is the innermost part of the route's upstream call:
-each try is one call it judges.
+never counts, and neither does a client that goes away. The breaker is the innermost part of the route's upstream
+call: each try is one call it judges.
+
+Whose a failure status is depends on the route, decided when it is built (`StatusOwner`):
+the calling tenant's where a plugin of the route provides `tenant` (a caller it names
+none for, a signed download's, counts as one anonymous tenant, `-`). On a route with no
+tenant provider the breaker never reads `tenant`: sharing its upstream's breaker, its
+callers are that one anonymous tenant, so their 5xx alone never open the tenants'
+breaker (any caller of a route without `auth` could, else); on a breaker of its own
+(`scope: route`) there is no tenant to isolate and none to protect, so a 5xx counts
+toward it directly, as a transport failure does, and an open one refuses as the
+upstream's breaker does (503 `circuit_open`, the route's degradation).
 """
 from __future__ import annotations
 
@@ -32,6 +42,9 @@ from gateway.response import GatewayResponse
 from gateway.services import Services
 
 Scope = Literal["upstream", "route", "none"]
+# whose fault a route's failure status is: the calling tenant's, the anonymous tenant's (a route without a tenant
+# provider on its upstream's shared breaker) or the breaker's own (a route without one, on a breaker of its own)
+StatusOwner = Literal["tenant", "anonymous", "breaker"]
 
 
 def _server_errors_only(value: list[int] | None) -> list[int] | None:
@@ -73,21 +86,25 @@ class RouteBreakerSettings(Settings):
 
 @dataclass(frozen=True)
 class BreakerUse:
-    """The breaker a route's calls go through: its name (/admin/breakers, metrics) and settings."""
+    """The breaker a route's calls go through: its name (/admin/breakers, metrics), settings, and whose fault a
+    failure status on the route is."""
 
     name: str
     settings: CircuitBreakerSettings
+    status_owner: StatusOwner = "tenant"
 
 
 def breaker_of(route: str, upstream: str, shared: CircuitBreakerSettings | None,
-               refined: RouteBreakerSettings | None) -> BreakerUse | None:
-    """The breaker of route `route` to `upstream`, whose own breaker is `shared`; None: no breaker."""
+               refined: RouteBreakerSettings | None, has_tenant: bool = True) -> BreakerUse | None:
+    """The breaker of route `route` to `upstream`, whose own breaker is `shared`; None: no breaker.
+    `has_tenant`: a plugin of the route provides `tenant`."""
     if refined is None or refined.scope == "upstream":
-        return BreakerUse(upstream, shared) if shared is not None else None
+        return BreakerUse(upstream, shared, "tenant" if has_tenant else "anonymous") if shared is not None else None
     if refined.scope == "none":
         return None
     own = refined.model_dump(exclude={"scope"}, exclude_none=True)
-    return BreakerUse(f"{upstream}@{route}", (shared or CircuitBreakerSettings()).model_copy(update=own))
+    return BreakerUse(f"{upstream}@{route}", (shared or CircuitBreakerSettings()).model_copy(update=own),
+                      "tenant" if has_tenant else "breaker")
 
 
 def observe(services: Services) -> None:
@@ -104,7 +121,11 @@ class CircuitBreaker:
         self.breaker: Breaker = services.breakers.get(use.name, s.fail_max, s.reset_timeout_sec, s.window_sec)
         for state in STATES:  # zero from the start, for an alert's rate()
             services.metrics.breaker_transitions.seed(use.name, state)
+        # `tenant` is read only on a route where a plugin provides it
+        self.reads_tenant = use.status_owner == "tenant"
+        self.direct = use.status_owner == "breaker"
 
     def __call__(self, ctx: RequestContext) -> Awaitable[GatewayResponse]:
         """The call through the breaker, to await (an open breaker refuses at once, here)."""
-        return guarded(self.breaker, lambda: self.next(ctx), self.failures, ctx.tenant)
+        return guarded(self.breaker, lambda: self.next(ctx), self.failures,
+                       ctx.tenant if self.reads_tenant else None, self.direct)
