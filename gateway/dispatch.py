@@ -110,34 +110,38 @@ async def handle(runtime: Runtime, scope: Scope, receive: Receive) -> GatewayRes
 async def _run_chain(runtime: Runtime, ctx: RequestContext, arrived: float) -> GatewayResponse:
     """The chain's answer, or an envelope for what went wrong; a chain that has not answered within its route's
     first-byte deadline of the request's arrival (a plugin that never returns) is cancelled and answered 504."""
-    watch = runtime.first_byte[ctx.route_name]
-    task = watch.enter(arrived)
+    within = runtime.deadlines[ctx.route_name]
+    deadline = asyncio.timeout(within - (time.perf_counter() - arrived))
     try:
-        return await runtime.chains[ctx.route_name](ctx)
-    except asyncio.CancelledError:
-        if not watch.expired(task):
-            raise
+        async with deadline:
+            return await runtime.chains[ctx.route_name](ctx)
+    except TimeoutError as exc:
+        if not deadline.expired():  # a plugin's own wait that gave up: its failure, not the route's deadline
+            return _failed(ctx, exc)
         log.warning("the request had no answer within its route's deadline; answered 504",
-                    extra={"route": ctx.route_name, "deadline_sec": watch.within})
+                    extra={"route": ctx.route_name, "deadline_sec": within})
         return GatewayResponse.error(ApiError(ErrorKind.UPSTREAM_TIMEOUT, f"no answer within this route's "
-                                              f"{watch.within:g} s", data={"reason": "deadline"}))
-    except ApiError as exc:
+                                              f"{within:g} s", data={"reason": "deadline"}))
+    except Exception as exc:  # noqa: BLE001  # each failure gets its envelope; _failed logs the unexpected ones
+        return _failed(ctx, exc)
+
+
+def _failed(ctx: RequestContext, exc: Exception) -> GatewayResponse:
+    """The envelope for what stopped the chain."""
+    if isinstance(exc, ApiError):
         return GatewayResponse.error(exc)
-    except UpstreamError as exc:
+    if isinstance(exc, UpstreamError):
         if exc.kind != "circuit_open":  # an open breaker is logged when it opens, not for every refusal
             log.warning("upstream failed", extra={"route": ctx.route_name, "error": str(exc)})
         return upstream_error(exc)
-    except RedisError as exc:
+    if isinstance(exc, RedisError):
         log.warning("shared state unavailable; answered 503", extra={"route": ctx.route_name, "error": str(exc)})
         return GatewayResponse.error(store_unavailable(exc))
-    except Exception as exc:
-        if _client_went_away(exc):
-            log.info("the client went away before its request was read", extra={"route": ctx.route_name})
-            return GatewayResponse(CLIENT_CLOSED)
-        log.exception("request failed inside the gateway", extra={"route": ctx.route_name})
-        return GatewayResponse.error(ApiError(ErrorKind.INTERNAL))
-    finally:
-        watch.leave(task)
+    if _client_went_away(exc):
+        log.info("the client went away before its request was read", extra={"route": ctx.route_name})
+        return GatewayResponse(CLIENT_CLOSED)
+    log.error("request failed inside the gateway", exc_info=exc, extra={"route": ctx.route_name})
+    return GatewayResponse.error(ApiError(ErrorKind.INTERNAL))
 
 
 def _client_went_away(exc: BaseException | None) -> bool:

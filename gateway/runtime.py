@@ -15,7 +15,6 @@ from exports_common.signing import DownloadSigner
 from gateway.answer_view import AnswerView, HeldAnswer
 from gateway.config import GatewayConfig, RouteConfig, UpstreamConfig
 from gateway.context import Handler
-from gateway.first_byte import FirstByteWatch
 from gateway.forwarding import TrustedProxies
 from gateway.plugin_registry import registry
 from gateway.plugins.base import Gatekeeper, RouteInfo, gatekeepers
@@ -35,17 +34,8 @@ class Runtime:
     services: Services
     router: Router
     chains: dict[str, Handler]
-    first_byte: dict[str, FirstByteWatch]  # each route's first-byte deadline watch, by route name
+    deadlines: dict[str, float]  # each route's first-byte deadline (seconds from arrival), by route name
 
-
-def first_byte_watches(routes: list[RouteConfig]) -> dict[str, FirstByteWatch]:
-    """Each route's watch; the routes with one deadline share one watch (and its one timer)."""
-    by_length: dict[float, FirstByteWatch] = {}
-    for route in routes:
-        within = route.first_byte_deadline
-        if within not in by_length:
-            by_length[within] = FirstByteWatch(within)
-    return {route.name: by_length[route.first_byte_deadline] for route in routes}
 
 
 def upstreams_of(config: GatewayConfig, metrics: Metrics) -> dict[str, Upstream]:
@@ -129,4 +119,5 @@ def build_runtime(config: GatewayConfig, services: Services) -> Runtime:
     views = RouteViews(config, services)
     chains = {route.name: build_chain(route, config.breaker_of(route), services, views=views)
               for route in config.routes}
-    return Runtime(config, services, Router(config.routes), chains, first_byte_watches(config.routes))
+    return Runtime(config, services, Router(config.routes), chains,
+                   {route.name: route.first_byte_deadline for route in config.routes})
