@@ -21,7 +21,9 @@ _LIMIT = re.compile(r"[0-9]{1,4}")
 _CURSOR = re.compile(r"[A-Za-z0-9_-]{1,512}")  # unpadded base64url, as the stores write it
 
 
-class ListQuery(NamedTuple):  # one per list call: a tuple is made in one call, a frozen dataclass field by field
+class ListQuery(NamedTuple):
+    """A list call's checked parameters."""
+
     status: str | None
     limit: int
     cursor: str | None

@@ -25,7 +25,7 @@ def first_values(scope: Scope) -> dict[bytes, bytes]:
     return dict(reversed(list(scope["headers"])))  # later pairs overwrite earlier ones: reversed, the first wins
 
 
-@dataclass(slots=True)  # one per request: no per-instance dict
+@dataclass(slots=True)
 class RequestContext:
     scope: Scope
     receive: Receive

@@ -79,10 +79,9 @@ async def handle(runtime: Runtime, scope: Scope, receive: Receive) -> GatewayRes
     values = first_values(scope)
     supplied = values.get(b"x-request-id", b"").decode("latin-1")
     request_id = supplied if supplied and _REQUEST_ID.match(supplied) else f"{random.getrandbits(128):032x}"
-    # by position, in the fields' order (scope, receive, header_values, method, route_name, upstream,
-    # upstream_path, params, request_id): keywords would be matched to its many parameters one by one
-    ctx = RequestContext(scope, receive, values, method, route.name, route.upstream, upstream_path, match.params,
-                         request_id)
+    ctx = RequestContext(scope=scope, receive=receive, header_values=values, method=method, route_name=route.name,
+                         upstream=route.upstream, upstream_path=upstream_path, params=match.params,
+                         request_id=request_id)
     services = runtime.services
     started = time.perf_counter()
     # the headers mapping only for a request that continues a trace: most do not

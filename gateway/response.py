@@ -38,7 +38,7 @@ class _Prepared(NamedTuple):
     raw: list[tuple[bytes, bytes]]  # those headers and the body's length, as sent
 
 
-@dataclass(slots=True)  # one or more per request: no per-instance dict
+@dataclass(slots=True)
 class GatewayResponse:
     status: int
     headers: list[tuple[str, str]] = field(default_factory=list)

@@ -10,7 +10,9 @@ from gateway.config import RouteConfig
 from gateway.path_params import encode_segments, fill, multi_segment_params
 
 
-class Match(NamedTuple):  # one per request: a tuple is made in one call, a frozen dataclass field by field
+class Match(NamedTuple):
+    """The route a request matched, and its path's parameters."""
+
     route: RouteConfig
     params: dict[str, str]
 

@@ -108,7 +108,7 @@ class ServerTrace:
 
     def __exit__(self, *exc: object) -> None:
         self.current = None
-        if self.span is not trace.INVALID_SPAN:  # recorded (an identity test: an ABC's isinstance costs more)
+        if self.span is not trace.INVALID_SPAN:  # recorded
             self.span.end()
 
 

@@ -1,5 +1,5 @@
-"""The request context's text fields land where they belong: the gateway builds it by position on every request
-(gateway/dispatch.py), where two `str` arguments swapped would pass the type check.
+"""The request context's text fields land where they belong: the gateway builds it on every request
+(gateway/dispatch.py) from several `str` values, where two swapped would pass the type check.
 
 Each field is given a value of its own and read back where the gateway uses it: the method and the upstream
 path in what the upstream received, the route's name in the access log and the upstream metrics, the
