@@ -10,8 +10,9 @@ comes and goes falls on both alike), unpinned, as the backend's work is part of 
 - CPU µs per request: user + sys of the gateway's process over the run, divided by the requests;
 - p99 (and rate) from the same run.
 
-Each side's best round (lowest CPU per request) is reported, with its p99, and every round's
-figures. Instruction counts of the same two servers, load-independent:
+Each side's best round (lowest CPU per request) is reported, with its p99, then each side's
+median and lowest p99 over the rounds (a p99 moves more from round to round than the CPU
+does), and every round's figures. Instruction counts of the same two servers, load-independent:
 `python -m benchmarks.server_instructions --aiohttp-client`.
 
 Run: python -m benchmarks.bench_upstream_route [--seconds 8] [--rounds 5] [--connections 32]
@@ -19,6 +20,7 @@ Run: python -m benchmarks.bench_upstream_route [--seconds 8] [--rounds 5] [--con
 from __future__ import annotations
 
 import argparse
+import statistics
 
 from benchmarks import wrk
 from benchmarks.harness import AUTH, cpu_seconds, processes
@@ -68,6 +70,14 @@ def main() -> None:
     (ours, our_run), (theirs, their_run) = best.values()
     print(f"  gateway's client / aiohttp ClientSession: CPU per request {ours / theirs:.3f}, "
           f"p99 {our_run.p99_ms / their_run.p99_ms:.3f}x")
+    p99s = {label: [result.p99_ms for _, result in runs] for label, runs in rounds.items()}
+    for label, values in p99s.items():
+        print(f"  {label + ':':<24}p99 over the rounds: median {statistics.median(values):6.2f} ms, "
+              f"lowest {min(values):6.2f} ms")
+    (our_p99, their_p99) = p99s.values()
+    print(f"  gateway's client / aiohttp ClientSession: median p99 "
+          f"{statistics.median(our_p99) / statistics.median(their_p99):.3f}x, lowest p99 "
+          f"{min(our_p99) / min(their_p99):.3f}x")
 
 
 if __name__ == "__main__":
