@@ -13,10 +13,12 @@ chains served through the libraries' frame (benchmarks/library_frame.py: Starlet
 request and response, a handler per plugin, `asyncio.timeout`, the OpenTelemetry SDK's span), for
 the hit and for an uncached list call (`GET /api/v1/exports?limit=1`, proxied to the backend, whose
 work is in its own process), each as the gateway / library-frame ratio; both servers' answers are
-compared first (status, body, the echoed `x-request-id`).
+compared first (status, body, the echoed `x-request-id`). `--aiohttp-client` also counts the list
+call against the same gateway with aiohttp's `ClientSession` as its upstream client
+(benchmarks/aiohttp_upstream.py), each side twice, in turns, after comparing both servers' answers.
 
 Run: python -m benchmarks.server_instructions [--requests 300] [--connections 8] [--without rate_limit]
-                                              [--before DIR] [--library-frame]
+                                              [--before DIR] [--library-frame] [--aiohttp-client]
 """
 from __future__ import annotations
 
@@ -120,6 +122,18 @@ def per_request(module: str, config: dict[str, Any], path: str, headers: dict[st
         proc.wait(120)
 
 
+def client_cost(config: dict[str, Any], n: int, connections: int, workdir: Path) -> None:
+    """The list call's instructions with the gateway's own upstream client and with aiohttp's, each twice in turns."""
+    sides = {"gateway's client": "gateway", "aiohttp ClientSession": "benchmarks.aiohttp_upstream"}
+    counted: dict[str, list[float]] = {label: [] for label in sides}
+    for _ in range(2):
+        for label, module in sides.items():
+            counted[label].append(per_request(module, config, LIST_PATH, AUTH, n, connections, workdir))
+            print(f"{'list call, ' + label + ':':<42}{counted[label][-1]:9,.0f} instructions per request")
+    ours, theirs = (min(runs) for runs in counted.values())
+    print(f"list call, gateway's client / aiohttp ClientSession (each side's lower run) {ours / theirs:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=300)
@@ -129,6 +143,8 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="also measure an earlier checkout's gateway")
     parser.add_argument("--library-frame", action="store_true",
                         help="also measure the same chains through the libraries' frame (hit and list call)")
+    parser.add_argument("--aiohttp-client", action="store_true",
+                        help="also measure the list call with aiohttp's ClientSession as the upstream client")
     args = parser.parse_args()
     with processes() as procs, tempfile.TemporaryDirectory(prefix="server-instructions-") as tmp:
         backend = procs.start("backend_stub", backend_config(procs.workdir), "backend")
@@ -143,6 +159,11 @@ def main() -> None:
             reference = procs.start("benchmarks.library_frame", served | {"port": free_port()}, "library-frame",
                                     env=RAISED_LIMITS)
             same_answers(gateway.url, reference.url, [path, path, LIST_PATH])
+            reference.stop()
+        if args.aiohttp_client:
+            reference = procs.start("benchmarks.aiohttp_upstream", served | {"port": free_port()}, "aiohttp-client",
+                                    env=RAISED_LIMITS)
+            same_answers(gateway.url, reference.url, [LIST_PATH, LIST_PATH])
             reference.stop()
         gateway.stop()
         measured = long_ttl(gateway_config(procs.workdir, backend.url, log_level="warning"))
@@ -168,6 +189,8 @@ def main() -> None:
             print(f"{'gateway, list call:':<36}{ours:9,.0f} instructions per request")
             print(f"{'library frame, list call:':<36}{frame:9,.0f} instructions per request   "
                   f"gateway / library frame {ours / frame:.3f}")
+        if args.aiohttp_client:
+            client_cost(measured, args.requests, args.connections, Path(tmp))
 
 
 if __name__ == "__main__":
