@@ -19,7 +19,7 @@ from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from opentelemetry.metrics import NoOpMeter
 from opentelemetry.trace import Link
 from starlette.routing import Match, Route
-from starlette.types import ASGIApp, Scope
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from backend_stub.models import Task
 from exports_common import otel
@@ -28,9 +28,11 @@ from exports_common.otel import TracingConfig
 
 
 class _Tracer:
-    """The process's tracer, a no-op one until `setup` finds an exporter."""
+    """The process's tracer, a no-op one until `setup` finds an exporter, and whether its sampler follows a
+    caller's sampled flag."""
 
     current: trace.Tracer = trace.NoOpTracer()
+    parent_based = True
 
 
 _last_step: ContextVar[str | None] = ContextVar("export_step", default=None)
@@ -43,6 +45,7 @@ def setup(config: TracingConfig) -> None:
         # operator chose otherwise: read once, by the first instrumentation built
         os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
         _Tracer.current = otel.install("backend", resolved).provider.get_tracer("backend")
+        _Tracer.parent_based = resolved.sampler.startswith("parentbased")
 
 
 def _context_of(traceparent: str | None) -> context.Context | None:
@@ -82,13 +85,39 @@ def _route_of(routes: Sequence[Route]) -> Callable[[Scope], tuple[str, dict[str,
     return details
 
 
+def _unsampled(scope: Scope) -> bool:
+    """Whether the caller's `traceparent` is a W3C context whose sampled flag (the trace-flags' 0x01 bit) is not
+    set: a parent-based sampler records nothing under it. A malformed one is no context: the ratio decides."""
+    for name, value in scope["headers"]:
+        if name == b"traceparent":
+            parent = trace.get_current_span(_context_of(value.decode("latin-1"))).get_span_context()
+            return parent.is_valid and not parent.trace_flags.sampled
+    return False
+
+
+class _UnsampledPassed:
+    """OpenTelemetry's middleware for a request that may record; the app alone, nothing built, for one whose
+    caller's trace is not sampled: most calls at a 5 % ratio, for which the middleware's request attributes, context
+    and non-recording span would add more than half again to its instructions (benchmarks/RESULTS.md)."""
+
+    def __init__(self, app: ASGIApp, instrumented: ASGIApp) -> None:
+        self.app, self.instrumented = app, instrumented
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _unsampled(scope):
+            await self.app(scope, receive, send)
+        else:
+            await self.instrumented(scope, receive, send)
+
+
 def instrumented(app: ASGIApp, routes: Sequence[Route]) -> ASGIApp:
     """`app` with a server span per API request, a child of the caller's trace (OpenTelemetry's ASGI middleware,
     its HTTP metrics left out: the backend's are Prometheus'); `app` as it is when nothing is exported."""
     if isinstance(_Tracer.current, trace.NoOpTracer):
         return app
-    return OpenTelemetryMiddleware(app, default_span_details=_route_of(routes), tracer=_Tracer.current,
-                                   meter=NoOpMeter("backend"), exclude_spans=["receive", "send"])
+    middleware = OpenTelemetryMiddleware(app, default_span_details=_route_of(routes), tracer=_Tracer.current,
+                                         meter=NoOpMeter("backend"), exclude_spans=["receive", "send"])
+    return _UnsampledPassed(app, middleware) if _Tracer.parent_based else middleware
 
 
 @contextlib.contextmanager

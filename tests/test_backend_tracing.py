@@ -89,3 +89,15 @@ def test_a_task_keeps_a_well_formed_traceparent_only(services: Callable[..., Ser
             wait_until(lambda n=count: receiver.count() == n, 15, what="the callback")  # type: ignore[misc]
     assert [r.headers.get("traceparent") for r in receiver.received] == [None, kept]
 
+
+
+def test_a_sampler_not_parent_based_records_under_an_unsampled_caller(services: Callable[..., Service],
+                                                                      tmp_path: Path) -> None:
+    with OtlpReceiver() as collector:
+        backend = services("backend_stub", backend_config(tmp_path), OTEL_TRACES_EXPORTER="otlp",
+                           OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, OTEL_TRACES_SAMPLER="always_on",
+                           OTEL_BSP_SCHEDULE_DELAY="100")
+        _get(backend, "flags-00", UNSAMPLED["flags-00"])
+        span = wait_until(lambda: next((s for s in collector.spans if s.trace_id == _trace(1)), None), 15,
+                          what="the request's span")
+    assert (span.name, span.parent_id) == (f"GET {ROUTE}", CALLER_SPAN)
