@@ -11,6 +11,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from backend_stub import janitor, metrics, tracing
 from backend_stub.admin_api import AdminApi
@@ -37,7 +38,7 @@ from exports_common.sql import SqlError
 log = logging.getLogger("backend.app")
 
 
-def create_app(config: BackendConfig, config_path: str | None = None) -> tracing.TracingMiddleware:
+def create_app(config: BackendConfig, config_path: str | None = None) -> ASGIApp:
     """The app for `config`; with `config_path`, its export types and callback allow-list follow that file (reloaded
     on change, SIGHUP and POST /internal/reload)."""
     tracing.setup(config.tracing)
@@ -98,4 +99,4 @@ def create_app(config: BackendConfig, config_path: str | None = None) -> tracing
     handlers = {**exception_handlers(), RedisError: redis_failed, SqlError: sql_failed}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     guarded = ServiceAuth(HttpFault(app, config.http_fault, counter), config.required_token())
-    return tracing.TracingMiddleware(guarded)
+    return tracing.instrumented(guarded, routes)

@@ -4,18 +4,22 @@ The gateway is the backend's only caller, so its sampled flag is obeyed (parent
 based). A task keeps the `traceparent` of the request that created it: the
 worker's run and every callback delivery join that trace, so a task's whole life
 is one trace; a re-run keeps the trace and links to the request that asked for it.
-With no exporter nothing here builds a span.
+A `traceparent` is read by OpenTelemetry's W3C propagator: one that is not well
+formed is ignored. With no exporter nothing here builds a span.
 """
 from __future__ import annotations
 
 import contextlib
-import re
+import os
 from contextvars import ContextVar
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from opentelemetry import context, propagate, trace
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+from opentelemetry.metrics import NoOpMeter
 from opentelemetry.trace import Link
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.routing import Match, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from backend_stub.models import Task
 from exports_common import otel
@@ -24,9 +28,11 @@ from exports_common.otel import TracingConfig
 
 
 class _Tracer:
-    """The process's tracer, a no-op one until `setup` finds an exporter."""
+    """The process's tracer, a no-op one until `setup` finds an exporter, and whether its sampler follows a
+    caller's sampled flag."""
 
     current: trace.Tracer = trace.NoOpTracer()
+    parent_based = True
 
 
 _last_step: ContextVar[str | None] = ContextVar("export_step", default=None)
@@ -35,7 +41,11 @@ _last_step: ContextVar[str | None] = ContextVar("export_step", default=None)
 def setup(config: TracingConfig) -> None:
     resolved = otel.from_environment(config)
     if resolved.exporter != "none":
+        # the stable HTTP attribute names the gateway's spans carry (http.request.method, url.path...), unless the
+        # operator chose otherwise: read once, by the first instrumentation built
+        os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
         _Tracer.current = otel.install("backend", resolved).provider.get_tracer("backend")
+        _Tracer.parent_based = resolved.sampler.startswith("parentbased")
 
 
 def _context_of(traceparent: str | None) -> context.Context | None:
@@ -47,51 +57,67 @@ def _link(traceparent: str | None) -> list[Link]:
     return [Link(parent, {"gateway.link": "rerun request"})] if parent is not None and parent.is_valid else []
 
 
-_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
-
-
 def extra(incoming: str | None, key: str = "traceparent") -> dict[str, str]:
-    """What a task keeps of the request's trace: this server span when it records, else the caller's traceparent."""
+    """What a task keeps of the request's trace: this server span when it records, else the caller's traceparent
+    (sent on to its callback receiver, so only a well-formed one is kept)."""
     carrier: dict[str, str] = {}
     if trace.get_current_span().is_recording():
         propagate.inject(carrier)
-    # a client's header is sent on to its callback receiver: only a well-formed one is kept
-    well_formed = incoming if incoming and _TRACEPARENT.fullmatch(incoming) else None
-    value = carrier.get("traceparent", well_formed)
-    return {key: value} if value else {}
+    elif incoming:
+        propagate.inject(carrier, _context_of(incoming))
+    return {key: carrier["traceparent"]} if "traceparent" in carrier else {}
+
+
+def _route_of(routes: Sequence[Route]) -> Callable[[Scope], tuple[str, dict[str, str]]]:
+    """The span's name and `http.route`, known before the request is served: the template of the route Starlette
+    will choose (the first full match, else the first whose path matches: a 405), else the method alone (a path
+    nothing serves makes no name of its own)."""
+    def details(scope: Scope) -> tuple[str, dict[str, str]]:
+        found: str | None = None
+        for route in routes:
+            match, _ = route.matches(scope)
+            if match is Match.FULL or (match is Match.PARTIAL and found is None):
+                found = route.path
+                if match is Match.FULL:
+                    break
+        return (f"{scope['method']} {found}", {"http.route": found}) if found else (scope["method"], {})
+
+    return details
 
 
 def _unsampled(scope: Scope) -> bool:
-    """A call whose caller does not record its trace: no span, nothing built (most calls at a 5% ratio)."""
+    """Whether the caller's `traceparent` is a W3C context whose sampled flag (the trace-flags' 0x01 bit) is not
+    set: a parent-based sampler records nothing under it. A malformed one is no context: the ratio decides."""
     for name, value in scope["headers"]:
         if name == b"traceparent":
-            return value.endswith(b"-00")
+            parent = trace.get_current_span(_context_of(value.decode("latin-1"))).get_span_context()
+            return parent.is_valid and not parent.trace_flags.sampled
     return False
 
 
-class TracingMiddleware:
-    """A server span per API request, a child of the caller's trace."""
+class _UnsampledPassed:
+    """OpenTelemetry's middleware for a request that may record; the app alone, nothing built, for one whose
+    caller's trace is not sampled: most calls at a 5 % ratio, for which the middleware's request attributes, context
+    and non-recording span would add more than half again to its instructions (benchmarks/RESULTS.md)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, instrumented: ASGIApp) -> None:
+        self.app, self.instrumented = app, instrumented
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or isinstance(_Tracer.current, trace.NoOpTracer) or _unsampled(scope):
+        if scope["type"] == "http" and _unsampled(scope):
             await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        with _Tracer.current.start_as_current_span(
-                f"{scope['method']} {scope['path']}", context=propagate.extract(headers), kind=trace.SpanKind.SERVER,
-                attributes={"http.request.method": scope["method"]}) as span:
-            async def sending(message: Message) -> None:
-                if message["type"] == "http.response.start":
-                    span.set_attribute("http.response.status_code", message["status"])
-                await send(message)
+        else:
+            await self.instrumented(scope, receive, send)
 
-            await self.app(scope, receive, sending)
-            if (route := scope.get("route")) is not None and hasattr(route, "path"):
-                span.update_name(f"{scope['method']} {route.path}")
-                span.set_attribute("http.route", route.path)
+
+def instrumented(app: ASGIApp, routes: Sequence[Route]) -> ASGIApp:
+    """`app` with a server span per API request, a child of the caller's trace (OpenTelemetry's ASGI middleware,
+    its HTTP metrics left out: the backend's are Prometheus'); `app` as it is when nothing is exported."""
+    if isinstance(_Tracer.current, trace.NoOpTracer):
+        return app
+    middleware = OpenTelemetryMiddleware(app, default_span_details=_route_of(routes), tracer=_Tracer.current,
+                                         meter=NoOpMeter("backend"), exclude_spans=["receive", "send"])
+    return _UnsampledPassed(app, middleware) if _Tracer.parent_based else middleware
 
 
 @contextlib.contextmanager
