@@ -7,7 +7,7 @@ at the gateway's 5 % ratio) and with a sampled one (`-01`: a server span exporte
 collector in this process). `--other DIR` (repeated) counts another checkout's backend (its
 own .venv) the same way, in the same run, each kind in turn.
 
-Run: python -m benchmarks.backend_tracing_instructions --other DIR [--other DIR2] [--requests 300]
+Run: python -m benchmarks.service_tracing_instructions --other DIR [--other DIR2] [--requests 300]
                                                        [--connections 8]
 """
 from __future__ import annotations
