@@ -7,8 +7,8 @@ and a client outside it sends N and then 5N keep-alive requests over real socket
 (`--connections` at once, as wrk does), each window's counts zeroed before and dumped
 after; the difference divided by 4N is one request, independent of the machine's load.
 The predicted wall-clock ratio is bare / gateway instructions per request. `--without P` also
-counts the gateway with plugin P dropped from every route; `--before DIR` an earlier checkout's
-gateway (its own .venv) the same way. `--library-frame` also counts the same config's routes and
+counts the gateway with plugin P dropped from every route; `--before DIR` (repeatable) another
+checkout's gateway (its own .venv) the same way. `--library-frame` also counts the same config's routes and
 chains served through the libraries' frame (benchmarks/library_frame.py: Starlette's routing,
 request and response, a handler per plugin, `asyncio.timeout`, the OpenTelemetry SDK's span), for
 the hit and for an uncached list call (`GET /api/v1/exports?limit=1`, proxied to the backend, whose
@@ -140,7 +140,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--without", action="append", default=[], metavar="PLUGIN",
                         help="also measure the gateway with this plugin dropped from every route")
-    parser.add_argument("--before", type=Path, help="also measure an earlier checkout's gateway")
+    parser.add_argument("--before", type=Path, action="append", default=[],
+                        help="also measure another checkout's gateway (repeatable: each in the same run)")
     parser.add_argument("--library-frame", action="store_true",
                         help="also measure the same chains through the libraries' frame (hit and list call)")
     parser.add_argument("--aiohttp-client", action="store_true",
@@ -172,8 +173,7 @@ def main() -> None:
         print(f"{'bare Starlette:':<36}{bare:9,.0f} instructions per request")
         runs = [("gateway", measured, ROOT)] + [(f"gateway without {p}", without(measured, p), ROOT)
                                                 for p in args.without]
-        if args.before:
-            runs.append((f"gateway before ({args.before})", measured, args.before.resolve()))
+        runs += [(f"gateway before ({before})", measured, before.resolve()) for before in args.before]
         counted = {}
         for label, config, root in runs:
             ours = counted[label] = per_request("gateway", config, path, AUTH, args.requests, args.connections,

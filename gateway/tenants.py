@@ -1,6 +1,7 @@
 """API keys to tenants, and what each tenant may do. Keys are stored only as SHA-256 hashes ("sha256:<hex>")."""
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 
@@ -30,14 +31,18 @@ class Limits:
     hold: HoldSettings = field(default_factory=HoldSettings)
 
 
+class _NoTenant(LookupError):
+    """An `Authorization` value that names no tenant: raised, so that the memo keeps nothing of it."""
+
+
 class TenantDirectory:
     def __init__(self, key_hashes: dict[str, list[str]], limits: Limits | None = None) -> None:
         self._by_hash = {h.lower(): tenant for tenant, hashes in key_hashes.items() for h in hashes}
-        # `Authorization` values already seen to name a tenant, as sent, so that a request (judged by rate_limit,
-        # then auth) hashes its key once at most and most never: only the canonical form (`Bearer <key>`) of a
-        # key that matched is kept, so its size is bounded by the configured keys, never by what clients send;
-        # it lives as long as this config (a reload builds a new directory)
-        self._known: dict[bytes, str] = {}
+        # `Authorization` values seen to name a tenant, as sent, so that a client's key is hashed once, not on
+        # each request: a value that names none raises, which lru_cache does not keep, so only keys that matched
+        # stay, at most as many as are configured: what clients send never sets its size (a reload builds a new
+        # directory, and a new memo)
+        self._named = functools.lru_cache(maxsize=len(self._by_hash))(self._tenant_named)
         self.limits = limits or Limits()
 
     def lookup(self, api_key: str) -> str | None:
@@ -46,16 +51,16 @@ class TenantDirectory:
 
     def bearer(self, authorization: bytes) -> str | None:
         """The tenant an `Authorization: Bearer <key>` header's value names, or None."""
-        tenant = self._known.get(authorization)
-        if tenant is not None:
-            return tenant
-        scheme, _, key = authorization.decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer":
+        try:
+            return self._named(authorization)
+        except _NoTenant:
             return None
-        key = key.strip()
-        tenant = self.lookup(key)
-        if tenant is not None and authorization == b"Bearer " + key.encode("latin-1"):
-            self._known[authorization] = tenant
+
+    def _tenant_named(self, authorization: bytes) -> str:
+        scheme, _, key = authorization.decode("latin-1").partition(" ")
+        tenant = self.lookup(key.strip()) if scheme.lower() == "bearer" else None
+        if tenant is None:
+            raise _NoTenant
         return tenant
 
     def caller(self, ctx: RequestContext) -> str | None:

@@ -33,7 +33,7 @@ from gateway.policy.retry import Retry, RetrySettings
 from gateway.policy.timeout import Timeout
 from gateway.proxy import Proxy
 from gateway.refusal_hold import HoldSettings
-from gateway.response import GatewayResponse
+from gateway.response import GatewayResponse, freeze
 from gateway.runtime import build_chain
 from gateway.services import Services, State
 from gateway.services import Upstream as ServiceUpstream
@@ -141,6 +141,31 @@ def test_status_cache_answers_a_terminal_status_from_its_store(tmp_path: Path) -
     assert asyncio.run(twice()) == ["MISS", "HIT"] and len(upstream.calls) == 1
     stats = asyncio.run(PLUGINS["status_cache"].stats(svc))
     assert stats["status_cache"]["hits"] == 1 and stats["status_cache"]["misses"] == 1
+
+
+def test_status_cache_a_hit_answers_the_bytes_its_store_holds_now(tmp_path: Path) -> None:
+    """A hit's decoded answer serves only while the store returns the bytes it was decoded from: an entry written
+    anew (another process's fill of a shared store) is answered as written; one hit's answer changed by a plugin
+    does not change the next."""
+    svc = services(tmp_path)
+    cache: Any = plugin("status_cache", {}, Scripted(200), svc)
+    key = "{a:t}"
+
+    async def run() -> list[tuple[Any, ...]]:
+        def poll() -> RequestContext:
+            return context(tenant="a", params={"task_id": "t"})
+
+        await cache(poll())  # the miss that fills the entry
+        hit = await cache(poll())
+        hit.set_header("x-changed", "1")
+        again = await cache(poll())
+        rewritten = GatewayResponse.envelope({"status": "FAILED", "task_id": "t"})
+        await cache.store.set(key, freeze(rewritten, await rewritten.read()), 60)
+        after = await cache(poll())
+        return [(r.header("x-cache"), r.header("x-changed"), json.loads(r.body or b"")["data"]["status"])
+                for r in (hit, again, after)]
+
+    assert asyncio.run(run()) == [("HIT", "1", "COMPLETED"), ("HIT", None, "COMPLETED"), ("HIT", None, "FAILED")]
 
 
 class HeldReads:

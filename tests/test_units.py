@@ -394,13 +394,20 @@ def test_a_signed_link_is_the_hmac_of_its_task_and_expiry_under_the_first_secret
     assert signer.verify("exp-1", 1764669600, old) and not signer.verify("exp-2", 1764669600, old)
 
 
-def test_a_key_is_remembered_only_in_its_canonical_header() -> None:
-    """Remembered `Authorization` values skip the hash; variants of one key must not grow that memory."""
-    directory = TenantDirectory({"acme": [hash_key("k1")]})
+def test_only_keys_that_name_a_tenant_are_remembered_and_no_more_than_are_configured() -> None:
+    """Remembered `Authorization` values skip the hash; what clients send must not grow that memory."""
+    directory = TenantDirectory({"acme": [hash_key("k1")], "beta": [hash_key("k2")]})
     for header in (b"Bearer k1", b"bearer k1", b"Bearer  k1 ", b"BEARER k1", b"Bearer k1"):
         assert directory.bearer(header) == "acme"
-    assert directory.bearer(b"Bearer k2") is None and directory.bearer(b"Basic k1") is None
-    assert list(directory._known) == [b"Bearer k1"]
+    assert directory.bearer(b"Bearer k2") == "beta"
+    remembered = directory._named.cache_info().currsize
+    assert remembered == 2
+    for n in range(5000):  # a flood of bogus values: each refused, none remembered
+        assert directory.bearer(b"Bearer bogus-%d" % n) is None
+        assert directory.bearer(b"Basic k1-%d" % n) is None
+    assert directory.bearer(b"Basic k1") is None and directory.bearer(b"k1") is None
+    assert directory._named.cache_info().currsize == remembered
+    assert directory.bearer(b"Bearer k1") == "acme" and directory.bearer(b"Bearer k2") == "beta"
 
 
 @given(st.text(max_size=40))

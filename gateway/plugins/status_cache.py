@@ -10,6 +10,7 @@ An entry that cannot be written (Redis failing) costs the cache, not the answer.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -28,8 +29,8 @@ from gateway.response import GatewayResponse, freeze, thaw
 from gateway.services import Services
 from gateway.telemetry import Tally
 
-# decoded answers kept per route, so that a hit decodes nothing; more than this many entries hit lately
-# empties it (an entry costs its answer's size once more)
+# decoded answers kept per route, so that a hit decodes nothing (the least recently hit dropped first), and
+# fills' answers kept for a store read across an await (emptied when full); an entry costs its answer's size again
 DECODED_ENTRIES = 1024
 
 log = logging.getLogger("gateway.status_cache")
@@ -59,6 +60,11 @@ def _answer(snapshot: bytes, cache: str) -> GatewayResponse:
     return resp
 
 
+def _hit_answer(raw: bytes) -> GatewayResponse:
+    """A hit's answer, its headers encoded once for the copies sent."""
+    return _answer(raw, "HIT").prepare()
+
+
 def _store(services: Services) -> KeyValue:
     return services.state.kv("cache")
 
@@ -85,8 +91,9 @@ class StatusCache(PluginBase[StatusCacheSettings]):
             self.lookups.seed(self.route, result)
         self.hits = self.lookups.child((self.route, "hit"))  # the counter a hit adds to, found once
         self._in_flight: dict[str, asyncio.Future[bytes]] = {}
-        # key -> (the stored bytes it was decoded from, the answer): valid while the store returns those bytes
-        self._decoded: dict[str, tuple[bytes, GatewayResponse]] = {}
+        # stored bytes -> their answer decoded: keyed by the bytes themselves, an entry serves a hit only while the
+        # store returns those bytes
+        self._decoded = functools.lru_cache(maxsize=DECODED_ENTRIES)(_hit_answer)
         # key -> (the answer of this process's latest fill, when it ended), for a store read across an await
         # (Redis): a miss read while the fill ran shares its answer, as a poll that came during the call does
         self._filled: dict[str, tuple[bytes, float]] = {}
@@ -114,10 +121,7 @@ class StatusCache(PluginBase[StatusCacheSettings]):
                 return _answer(filled[0], "MISS")
         if raw is not None:
             self.hits.inc()
-            decoded = self._decoded.get(key)
-            if decoded is None or decoded[0] != raw:
-                decoded = self._decode(key, raw)
-            return decoded[1].copy()
+            return self._decoded(raw).copy()
         while (leader := self._in_flight.get(key)) is not None:
             try:
                 shared = await asyncio.shield(leader)
@@ -128,13 +132,6 @@ class StatusCache(PluginBase[StatusCacheSettings]):
                     raise
                 # the leader's client went away: follow the next leader, or become it
         return _answer(await self._fetch(ctx, key), "MISS")
-
-    def _decode(self, key: str, raw: bytes) -> tuple[bytes, GatewayResponse]:
-        """A hit's answer decoded, kept for the hits that follow while the store returns the same bytes."""
-        if len(self._decoded) >= DECODED_ENTRIES:
-            self._decoded.clear()
-        decoded = self._decoded[key] = (raw, _answer(raw, "HIT").prepare())
-        return decoded
 
     async def _fetch(self, ctx: RequestContext, key: str) -> bytes:
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
