@@ -7,13 +7,21 @@ own before them: the chain is walked from the right, past every trusted proxy, a
 first address that is not one is the client's. Everything left of it is the client's
 word and never counts, so anonymous clients behind one proxy each get their own
 bucket, and none can spend another's.
+
+`Forwarded` is read by its grammar (gateway.forwarded_header). A malformed element, and
+every element left of it, is ignored: those on its right were written after it, by the
+proxies nearer this gateway, and are read as they are; but a quote the client never closed
+may have swallowed a proxy's element, and the client's own element next to the gap must not
+become the rightmost hop. With nothing readable left, a trusted peer's own address counts.
 """
 from __future__ import annotations
 
 import ipaddress
+from collections import deque
 
 from starlette.types import Scope
 
+from gateway.forwarded_header import elements
 from gateway.forwarding import TrustedProxies
 
 MAX_CHAIN = 64  # entries looked at, from the right: a proxy chain is a few hops, a longer list is the client's
@@ -29,6 +37,18 @@ def _host(value: str) -> str:
     return value
 
 
+def _forwarded_for(lines: list[str]) -> list[str]:
+    """The `for=` values of Forwarded's field lines, in order, the last MAX_CHAIN after the last malformed element."""
+    hops: deque[str] = deque(maxlen=MAX_CHAIN)
+    for line in lines:
+        for element in elements(line):
+            if element is None:
+                hops.clear()
+            elif element.get("for"):
+                hops.append(element["for"])
+    return list(hops)
+
+
 def forwarded_chain(scope: Scope) -> list[str]:
     """The addresses of X-Forwarded-For (every such header, in order), else of Forwarded's `for=` parameters."""
     xff: list[str] = []
@@ -37,12 +57,8 @@ def forwarded_chain(scope: Scope) -> list[str]:
         if key == b"x-forwarded-for":
             xff += [part for part in value.decode("latin-1").split(",") if part.strip()]
         elif key == b"forwarded":
-            for element in value.decode("latin-1").split(","):
-                for pair in element.split(";"):
-                    name, _, found = pair.partition("=")
-                    if name.strip().lower() == "for" and found.strip():
-                        forwarded.append(found)
-    return [_host(part) for part in (xff or forwarded)[-MAX_CHAIN:]]
+            forwarded.append(value.decode("latin-1"))
+    return [_host(part) for part in (xff or _forwarded_for(forwarded))[-MAX_CHAIN:]]
 
 
 def _trusted(address: str, trusted: TrustedProxies) -> bool:

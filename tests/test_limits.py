@@ -111,6 +111,29 @@ def test_unauthenticated_requests_are_limited_per_client_address(
     assert httpx.get(f"{gateway.url}{API}", headers=DEMO).status_code == 200
 
 
+def test_behind_a_trusted_proxy_a_quoted_forwarded_value_never_chooses_the_address_counted(
+        services: Callable[..., Service], tmp_path: Path) -> None:
+    """The proxy quotes the client's Host in its element: a for= inside it is no hop (RFC 7239's quoted-string)."""
+    backend = services("backend_stub", backend_config(tmp_path))
+    gateway = services("gateway", gateway_config(tmp_path, backend.url, tenant_limits=limits(),
+                                                 trusted_proxies=["127.0.0.0/8"],
+                                                 address_limit={"per_sec": 0.05, "burst": 2}))
+    wrong_key = {"Authorization": "Bearer not-a-key"}
+
+    def guess(forwarded: str) -> int:
+        return httpx.get(f"{gateway.url}{API}", headers=wrong_key | {"Forwarded": forwarded}).status_code
+
+    victim = "for=203.0.113.5"
+    attacker = 'for=198.51.100.66;host="x;for=203.0.113.5"'
+    assert [guess(attacker) for _ in range(3)] == [401, 401, 429]  # the attacker's own bucket
+    assert guess(victim) == 401  # not spent by the attacker
+    assert guess('for="x,for=203.0.113.5";by=_proxy') == 401  # a quoted "," is no list separator either
+    # malformed: a quote never closed hides the proxy's element, the trusted peer's address is counted
+    hostile = ['for=203.0.113.5, for="x, for=198.51.100.9', 'for="' + "\\a" * 1000, ";;==,,\"", "for=a b"]
+    assert [guess(h) for h in hostile] == [401, 401, 429, 429]
+    assert guess(victim) == 401
+
+
 @pytest.mark.parametrize("store", ["sqlite", "redis"])
 def test_the_active_task_quota_holds_with_its_own_code(services: Callable[..., Service], tmp_path: Path,
                                                       redis_server: RedisServer, store: str) -> None:

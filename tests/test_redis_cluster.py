@@ -8,6 +8,7 @@ single-key caches is checked to carry a hash tag.
 """
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import time
@@ -18,6 +19,9 @@ from typing import Callable
 import httpx
 import pytest
 
+from backend_stub.models import Task
+from backend_stub.store.redis_store import RedisTaskStore
+from exports_common.task_ids import new_task_id
 from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
 from tests.helpers import backend_create, wait_status
 from tests.procs import RedisClusterServers, Service, backend_headers, wait_until
@@ -116,6 +120,37 @@ def test_a_dead_node_answers_503_with_retry_after_and_its_restart_is_recovered_f
 
     redis_cluster.restart(store_node)  # without persistence: the backend's store comes back empty
     wait_until(lambda: httpx.get(f"{backend.url}/readyz", timeout=5).status_code == 200, 15, what="backend ready")
-    fresh = backend_create(backend.url, BODY, tenant="demo").json()["data"]["task_id"]  # its queue's group is back
+    created = backend_create(backend.url, BODY, tenant="demo")  # its queue's group is back
+    assert created.status_code == 201, created.text
+    fresh = created.json()["data"]["task_id"]
     wait_status(backend.url, fresh, {"COMPLETED"}, timeout=20, headers=TENANT)
     assert httpx.get(f"{backend.url}/exports/{task_id}", headers=TENANT, timeout=10).status_code == 404
+
+
+def _task() -> Task:
+    now = time.time()
+    return Task(task_id=new_task_id(), tenant="demo", export_type="report_export", filters={}, format="csv",
+                timeout_sec=60, callback_url=None, fingerprint="f", created_at=now, updated_at=now)
+
+
+async def test_the_first_writes_after_a_node_restarted_find_a_live_connection(
+        redis_cluster: RedisClusterServers) -> None:
+    """Connections pooled to a node before it restarted are closed under the client; nothing used them since
+    (a restart quicker than their health check). A create's or an update's WATCH is sent on one: each answered
+    503 (a ConnectionError) until the stale ones were used up, while the node answered again."""
+    prefix = f"restart{time.time_ns()}"
+    store = RedisTaskStore(redis_cluster.url, prefix)
+    try:
+        written = await asyncio.gather(*(store.create(_task()) for _ in range(8)))  # eight pooled connections
+        node = redis_cluster.owner("{" + prefix + "}")
+        redis_cluster.kill(node)
+        redis_cluster.restart(node)  # empty: no persistence
+        assert [(await store.create(_task()))[1] for _ in range(6)] == [True] * 6
+        redis_cluster.kill(node)
+        redis_cluster.restart(node)
+        lost = written[0][0].task_id  # its record went with the node's data: a repeated create writes it anew
+        assert (await store.update(lost, lambda task: task)) == (None, False)
+        again = await store.create(written[0][0])
+        assert again[1] and again[0].task_id == lost
+    finally:
+        await store.close()
