@@ -59,6 +59,8 @@ RETRY_AFTER_SEC = 2
 # connections a process keeps to one Redis server (per node of a cluster): a gateway process with hundreds of
 # requests under way, each with a command out (a rate-limit check, a cache read), needs as many
 MAX_CONNECTIONS = 1024
+# a pooled connection idle this long is pinged before its next command
+HEALTH_CHECK_SEC = 5
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 # what both processes hold: one server or a cluster, used through the commands they share
@@ -78,12 +80,13 @@ _SENDING: ContextVar[_Sending | None] = ContextVar("cluster_transaction_sending"
 
 async def _drop_stale(cluster: RedisCluster, error: Exception) -> None:
     """After a connection error, the failed connection's node reconnects its older connections (closed by
-    a restart, as that one was) before another is used; what redis-py's command path does."""
-    connection = getattr(error, "connection", None)  # redis-py names the connection a transaction failed on
-    if not isinstance(connection, Connection):
-        return
-    node = cluster.get_node(host=connection.host, port=connection.port)
-    if node is not None:
+    a restart, as that one was) before another is used; what redis-py's command path does. redis-py names
+    the connection a transaction failed on, except when its sending (or the health check's PING before it)
+    failed: then every node's, idle ones reconnecting when next used (a rare error: a node's restart)."""
+    connection = getattr(error, "connection", None)
+    named = cluster.get_node(host=connection.host, port=connection.port) \
+        if isinstance(connection, Connection) else None
+    for node in [named] if named is not None else cluster.get_nodes():
         node.update_active_connections_for_reconnect()
         await node.disconnect_free_connections()
 
@@ -203,7 +206,7 @@ def connect(url: str, *, socket_timeout: float = 0.5, decode_responses: bool = F
         "decode_responses": decode_responses, "socket_timeout": socket_timeout, "socket_connect_timeout": 0.5,
         "max_connections": MAX_CONNECTIONS,
         "retry": Retry(ExponentialBackoff(cap=0.25, base=0.05), retries=1),
-        "retry_on_error": [ConnectionError, TimeoutError], "health_check_interval": 5,
+        "retry_on_error": [ConnectionError, TimeoutError], "health_check_interval": HEALTH_CHECK_SEC,
         "driver_info": None,  # no CLIENT SETINFO: one round trip less per new connection
     }
     scheme, _, rest = url.partition("://")

@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio
 from redis.exceptions import WatchError
 
-from exports_common.redis_client import connect
+from exports_common.redis_client import HEALTH_CHECK_SEC, connect
 from tests.procs import RedisClusterServers
 
 
@@ -23,10 +23,13 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
     cluster.stop()
 
 
+@pytest.mark.parametrize("idle", [False, True], ids=["at-once", "idle-past-the-health-check"])
 async def test_a_transaction_after_its_node_restarted_finds_a_live_connection(
-        redis_cluster: RedisClusterServers) -> None:
+        redis_cluster: RedisClusterServers, idle: bool) -> None:
     """The gateway's outbox removes an item in a MULTI/EXEC without WATCH: after the node restarted, the
-    connections pooled before were closed by the server, and redis-py's one retry took the next stale one."""
+    connections pooled before were closed by the server, and redis-py's one retry took the next stale one.
+    Used at once, a stale connection fails reading MULTI's answer; idle past the health check, it fails the
+    PING sent before the MULTI (an error that does not name its connection)."""
     tag = "{" + f"multi{time.time_ns()}" + "}"
     client = connect(redis_cluster.url)
     try:
@@ -39,6 +42,8 @@ async def test_a_transaction_after_its_node_restarted_finds_a_live_connection(
         node = redis_cluster.owner(tag)
         redis_cluster.kill(node)
         redis_cluster.restart(node)
+        if idle:  # the condition itself is time: the pooled connections idle past the health-check interval
+            await asyncio.sleep(HEALTH_CHECK_SEC + 0.5)
         for n in range(6):
             await write(n)
     finally:
