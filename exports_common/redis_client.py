@@ -22,17 +22,36 @@ under it (a failover): an AttributeError on a node it no longer knows (redis/red
 caller here treats a RedisError as Redis failing (a 503, a retry, or a documented
 fallback), so anything else raised inside a cluster command or pipeline is raised as a
 ClusterError (a RedisError) instead of reaching a caller as a bug.
+
+redis-py's cluster transaction retries its WATCH, its commands between WATCH and MULTI and its
+MULTI/EXEC with the client's `retry`, each on another connection after a connection error.
+Two things go wrong there, both mended here through that `retry` (a `_TransactionRetry`,
+told by the transaction what it is sending):
+- the retry takes the node's next pooled connection: after the node restarted (a restart
+  quicker than the health check), as closed by the server as the first, so the first
+  transactions after it failed while the node answered again. A transaction's first command
+  (its WATCH, or the MULTI/EXEC of one without) meeting a closed connection now drops the
+  node's older connections first, as redis-py's command path does for a plain command;
+- WATCH holds on its connection only: a command after it, or the MULTI/EXEC, sent again on
+  another connection is no longer checked, and redis-py sends it again without the WATCH, so
+  an update could be applied over another's write. Once a transaction's WATCH is sent, a
+  connection lost under it fails the transaction with a WatchError and resets the pipeline, as
+  redis-py's one-server pipeline does: the caller's loop watches and reads again.
 """
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Coroutine
+from contextvars import ContextVar
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterPipeline
+from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ClusterError, ConnectionError, RedisClusterException, RedisError, TimeoutError
+from redis.exceptions import ClusterError, ConnectionError, RedisClusterException, RedisError, TimeoutError, WatchError
 
 from exports_common.errors import ApiError, unavailable
 
@@ -40,10 +59,65 @@ RETRY_AFTER_SEC = 2
 # connections a process keeps to one Redis server (per node of a cluster): a gateway process with hundreds of
 # requests under way, each with a command out (a rate-limit check, a cache read), needs as many
 MAX_CONNECTIONS = 1024
+# a pooled connection idle this long is pinged before its next command
+HEALTH_CHECK_SEC = 5
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 # what both processes hold: one server or a cluster, used through the commands they share
 AnyRedis: TypeAlias = "Redis | RedisCluster"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Sending:
+    """What a cluster transaction is sending: its first command, or one after its WATCH."""
+    cluster: RedisCluster
+    watched: bool
+
+
+_SENDING: ContextVar[_Sending | None] = ContextVar("cluster_transaction_sending", default=None)
+
+
+async def _drop_stale(cluster: RedisCluster, error: Exception) -> None:
+    """After a connection error, the failed connection's node reconnects its older connections (closed by
+    a restart, as that one was) before another is used; what redis-py's command path does. redis-py names
+    the connection a transaction failed on, except when its sending (or the health check's PING before it)
+    failed: then every node's, idle ones reconnecting when next used (a rare error: a node's restart)."""
+    connection = getattr(error, "connection", None)
+    named = cluster.get_node(host=connection.host, port=connection.port) \
+        if isinstance(connection, Connection) else None
+    for node in [named] if named is not None else cluster.get_nodes():
+        node.update_active_connections_for_reconnect()
+        await node.disconnect_free_connections()
+
+
+class _TransactionRetry(Retry):
+    """The cluster client's retry, which redis-py's cluster transactions copy and retry their sends with;
+    its plain commands and non-transactional pipelines only read its number of retries."""
+
+    async def call_with_retry(self, do: Callable[[], Awaitable[T]], fail: Callable[..., Any],
+                              is_retryable: Callable[[Exception], bool] | None = None,
+                              with_failure_count: bool = False) -> T:
+        sending = _SENDING.get()
+        if sending is None:
+            return await super().call_with_retry(do, fail, is_retryable, with_failure_count)
+
+        async def failed(error: Exception, *count: int) -> None:
+            await fail(error, *count)  # redis-py's own: the failed connection is dropped and released
+            if sending.watched:  # sent again, it would go on a connection without the WATCH
+                raise WatchError(f"A {type(error).__name__} occurred while watching one or more keys") from error
+            if isinstance(error, ConnectionError):
+                await _drop_stale(sending.cluster, error)
+
+        return await super().call_with_retry(do, failed, is_retryable, with_failure_count)
+
+
+async def _sent_as(sending: _Sending, send: Awaitable[T]) -> T:
+    token = _SENDING.set(sending)
+    try:
+        return await send
+    finally:
+        _SENDING.reset(token)
 
 
 def _raised_by_redis(exc: BaseException) -> bool:
@@ -72,23 +146,52 @@ class _Cluster(RedisCluster):
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
         if shard_hint:
             raise RedisClusterException("shard_hint is deprecated in cluster mode")
-        return _Pipeline(self, transaction)  # type: ignore[abstract]  # as redis-py makes its own ClusterPipeline
+        return _Pipeline(self, bool(transaction))  # type: ignore[abstract]  # as redis-py makes its own ClusterPipeline
 
 
 class _Pipeline(ClusterPipeline):
+    def __init__(self, client: RedisCluster, transaction: bool) -> None:
+        super().__init__(client, transaction)
+        self.transaction = transaction
+        self.watched = False  # a transaction whose WATCH was sent: its connection holds it until EXEC or reset
+
+    async def _send(self, send: Awaitable[T], watched: bool) -> T:
+        try:
+            return await _sent_as(_Sending(self.cluster_client, watched), send)
+        except WatchError:
+            await self.reset()  # as the one-server pipeline: the caller's next WATCH starts afresh
+            raise
+
+    async def watch(self, *names: Any) -> None:  # type: ignore[override]  # async, as ClusterPipeline's
+        send = super().watch(*names)  # type: ignore[no-untyped-call]
+        watched, self.watched = self.watched, True  # from now on its sends go once (a reset clears it)
+        await self._send(send, watched)
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        queued_or_sent = super().execute_command(*args, **kwargs)
+        if isinstance(queued_or_sent, Coroutine):  # sent at once: a command between WATCH and MULTI
+            return self._send(queued_or_sent, self.watched)
+        return queued_or_sent
+
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
         try:
+            if self.transaction:
+                return await self._send(super().execute(raise_on_error, allow_redirections), self.watched)
             return await super().execute(raise_on_error, allow_redirections)
         except RedisError:
             raise
         except Exception as exc:
             raise _slipped(exc) from exc
 
+    async def reset(self) -> None:  # type: ignore[override]  # ClusterPipeline's, not the RESET command's
+        self.watched = False
+        await super().reset()  # type: ignore[no-untyped-call]
+
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         # a slip of redis-py's inside the `async with` block (WATCH, an immediate read) leaves it as a ClusterError
         try:
-            await self.reset()  # type: ignore[no-untyped-call]  # what ClusterPipeline.__aexit__ does
+            await self.reset()  # what ClusterPipeline.__aexit__ does
         except Exception as failure:  # its UNWATCH on a connection the failure broke: the block's error says more
             if exc is None and isinstance(failure, RedisError):
                 raise
@@ -103,11 +206,12 @@ def connect(url: str, *, socket_timeout: float = 0.5, decode_responses: bool = F
         "decode_responses": decode_responses, "socket_timeout": socket_timeout, "socket_connect_timeout": 0.5,
         "max_connections": MAX_CONNECTIONS,
         "retry": Retry(ExponentialBackoff(cap=0.25, base=0.05), retries=1),
-        "retry_on_error": [ConnectionError, TimeoutError], "health_check_interval": 5,
+        "retry_on_error": [ConnectionError, TimeoutError], "health_check_interval": HEALTH_CHECK_SEC,
         "driver_info": None,  # no CLIENT SETINFO: one round trip less per new connection
     }
     scheme, _, rest = url.partition("://")
     if scheme in CLUSTER_SCHEMES:
+        options["retry"] = _TransactionRetry(ExponentialBackoff(cap=0.25, base=0.05), retries=1)
         return _Cluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}", **options)
     # a command finding every connection busy waits for one up to the socket timeout (redis-py's own pool fails it)
     return Redis.from_pool(BlockingConnectionPool.from_url(url, timeout=socket_timeout, **options))

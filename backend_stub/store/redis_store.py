@@ -28,8 +28,6 @@ import logging
 import time
 from typing import Any, cast
 
-from redis.asyncio import RedisCluster
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import WatchError
 
 from backend_stub.models import Task
@@ -113,26 +111,6 @@ class RedisTaskStore:
         await self.redis.aclose()
         await self.blocking.aclose()
 
-    async def _watch(self, pipe: Any, *keys: str) -> None:
-        """WATCH `keys` (one slot): a transaction's first command, on a live connection after a node restarted.
-
-        A restarted cluster node leaves the connections pooled to it before closed under the client. A
-        plain command that meets one drops the node's idle ones (redis-py's command path) and is retried;
-        a transaction's WATCH only retries once on the next pooled connection, as stale as the first: the
-        first creates after a restart answered 503 while the node answered again. Nothing is written yet,
-        so after a closed connection the node's older connections are dropped as the command path drops
-        them, and the WATCH is sent once more; a second failure is the node's (a 503).
-        """
-        try:
-            await pipe.watch(*keys)
-        except RedisConnectionError:
-            node = self.redis.get_node_from_key(keys[0]) if isinstance(self.redis, RedisCluster) else None
-            if node is None:  # one server: its pipeline reconnected the very connection it retried on
-                raise
-            node.update_active_connections_for_reconnect()
-            await node.disconnect_free_connections()
-            await pipe.watch(*keys)
-
     def _stage_write(self, pipe: Any, task: Task) -> None:
         """The record and its change-log entry (staged first: the transaction's first result is the change id)."""
         before, after = task.json_around_change_id()
@@ -157,7 +135,7 @@ class RedisTaskStore:
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    await self._watch(pipe, key)
+                    await pipe.watch(key)
                     raw = await pipe.get(key)
                     if raw is not None:
                         return Task.from_json(raw), False
@@ -185,7 +163,7 @@ class RedisTaskStore:
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    await self._watch(pipe, *watched)
+                    await pipe.watch(*watched)
                     raw = await pipe.get(key)
                     if raw is None:
                         return None, False
