@@ -16,8 +16,8 @@ window, sliding-window counter, fixed window) in `LocalBuckets`' place:
    (benchmarks/server_instructions.py's count), its own buckets against each strategy's
    (`python -m benchmarks.bench_limiter run --config FILE` serves the gateway so).
 
-The `limits` candidates run only when the library is installed (pip install 'limits[async-redis]');
-it is not a dependency of the gateway.
+`limits` comes with the `.[bench]` extra (it is not a dependency of the gateway); without it the
+shared tier's `limits` candidates are skipped, and `--in-process` stops at its import.
 
 Run: python -m benchmarks.bench_limiter [--seconds 4] [--in-process [--requests 300] [--connections 8]]
 """
@@ -119,7 +119,7 @@ async def run(url: str, seconds: float) -> None:
     for i, (name, make) in enumerate(candidates.items()):
         first = make(f"cost{i}", OPEN)
         if first is None:
-            print(f"{name:33s} skipped: pip install 'limits[async-redis]'")
+            print(f"{name:33s} skipped: pip install -e '.[bench]'")
             continue
         await first()  # connects and loads the script
         cost = await cost_us(first)
@@ -210,6 +210,19 @@ def admitted_fraction(buckets: Buckets, seconds: float) -> float:
     while time.monotonic() - started < seconds:
         admitted += buckets.hit(("tenant", "requests"), TENANT_QUOTA).allowed
     return admitted / (TENANT_QUOTA.burst + TENANT_QUOTA.per_sec * (time.monotonic() - started))
+
+
+def edge_burst(buckets: Buckets) -> int:
+    """Admitted within 0.2 s: one check, then quiet until 0.1 s before a window of the library's (whole seconds)
+    from it would turn, then as fast as one loop can. A bucket holds `burst` (and refills 0.2 x rate meanwhile)."""
+    window = max(1, round(TENANT_QUOTA.window_sec))
+    buckets.hit(("tenant", "requests"), TENANT_QUOTA)
+    time.sleep(window - 0.1)
+    admitted = 0
+    started = time.monotonic()
+    while time.monotonic() - started < 0.2:
+        admitted += buckets.hit(("tenant", "requests"), TENANT_QUOTA).allowed
+    return admitted
 
 
 def held_bytes(buckets: Buckets, tenants: int, checks: int) -> tuple[float, float]:
@@ -309,6 +322,9 @@ def report_in_process(seconds: float, requests: int, connections: int, rounds: i
           f"{TENANT_QUOTA.burst}, as a fraction of burst + rate x time")
     for candidate, name in names.items():
         print(f"  {name:26s} {admitted_fraction(in_process(candidate), seconds):.3f}")
+    print(f"admitted within 0.2 s around the turn of a window (a bucket holds {TENANT_QUOTA.burst})")
+    for candidate, name in names.items():
+        print(f"  {name:26s} {edge_burst(in_process(candidate)):5d}")
     print("bytes held per tenant (tracemalloc): after its checks / once its window passed")
     for tenants, checks in ((MANY, 1), (1_000, TENANT_QUOTA.burst)):
         for candidate, name in names.items():
