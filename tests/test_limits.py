@@ -361,6 +361,21 @@ def test_a_refused_request_counts_nothing_in_a_bucket_of_this_process() -> None:
         assert waits[0] > 0.5 / quota.per_sec and max(waits) - min(waits) < 1.0, (quota, waits)
 
 
+def test_buckets_of_this_process_stay_bounded_for_many_tenants_and_forget_only_full_ones() -> None:
+    """A flood of distinct tenants or client addresses: a full bucket (one whose window has passed) is the same
+    as none and is swept as the map grows; a bucket still within its window is kept, so its tenant stays refused."""
+    buckets = LocalBuckets()
+    refilled_at_once = Quota(per_sec=1e9, burst=1)
+    for i in range(100_000):
+        assert buckets.hit((f"addr:{i}", "address"), refilled_at_once).allowed
+    assert len(buckets) <= 10_001
+    slow = Quota(per_sec=0.001, burst=1)
+    for i in range(30_000):
+        assert buckets.hit((f"tenant-{i}", "requests"), slow).allowed
+    assert len(buckets) >= 30_000
+    assert not any(buckets.hit((f"tenant-{i}", "requests"), slow).allowed for i in range(30_000))
+
+
 async def test_a_full_burst_through_redis_is_admitted_whole_then_refused(redis_server: RedisServer) -> None:
     client = aioredis.Redis.from_url(redis_server.url)
     try:
