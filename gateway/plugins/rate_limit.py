@@ -47,7 +47,7 @@ class RateLimit(Gatekeeper[RateLimitSettings]):
         tenant = tenants.caller(ctx)
         if tenant is None:
             return self._by_address(ctx)
-        limits = tenants.limits.by_tenant[tenant]  # limits_of's lookup, without its call
+        limits = tenants.limits_of(tenant)
         if self.active_tasks:  # sent upstream only if the request is admitted
             ctx.upstream_headers[ACTIVE_TASKS_HEADER] = str(limits.max_active_tasks)
         if self.submits:  # the answer carries the RateLimit headers, from the decision's numbers
