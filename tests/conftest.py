@@ -20,7 +20,7 @@ from tests.databases import (
     scratch_database,
     server_home,
 )
-from tests.procs import RedisServer, Service, free_port, load_default, merge
+from tests.procs import RedisClusterServers, RedisServer, Service, free_port, load_default, merge
 
 # The suite runs in production mode: secrets are generated for each session (never the published
 # ones, which both processes refuse outside dev mode) and every gateway has a public_base_url.
@@ -63,6 +63,26 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    """A private three-node Redis Cluster on free ports, for one test module."""
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        pytest.fail("redis-server and redis-cli are missing; .ci/run installs them (apt-get install redis-server)")
+    cluster = RedisClusterServers(tmp_path_factory.mktemp("redis-cluster")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(module_services: Callable[..., Service], tmp_path_factory: pytest.TempPathFactory
+          ) -> tuple[Service, Service]:
+    """A backend and a gateway in front of it on the default configs, for one test module: (backend, gateway)."""
+    workdir = tmp_path_factory.mktemp("stack")
+    backend = module_services("backend_stub", backend_config(workdir))
+    gateway = module_services("gateway", gateway_config(workdir, backend.url))
+    return backend, gateway
 
 
 def backend_config(workdir: Path, redis_url: str = "", **override: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ processes; the SDK's parsers and the declared-length check need none.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 import httpx
 import pytest
@@ -17,21 +17,12 @@ from exports_client import sse
 from exports_client.core import _range_start
 from exports_common.json_body import read_limited
 from exports_common.task_ids import new_task_id
-from tests.conftest import ADMIN_TOKEN, backend_config, gateway_config
+from tests.conftest import ADMIN_TOKEN
 from tests.helpers import assert_envelope_error
 from tests.procs import Service, backend_headers
 
 OTHER_DIGITS = ["\u00b2", "\u0663", "\uff11\uff12"]  # superscript two, Arabic-Indic three, fullwidth one two
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-
-
-@pytest.fixture(scope="module")
-def stack(module_services: Callable[..., Service], tmp_path_factory: pytest.TempPathFactory
-          ) -> tuple[Service, Service]:
-    workdir = tmp_path_factory.mktemp("digits")
-    backend = module_services("backend_stub", backend_config(workdir))
-    gateway = module_services("gateway", gateway_config(workdir, backend.url))
-    return backend, gateway
 
 
 @pytest.mark.parametrize("digits", OTHER_DIGITS)

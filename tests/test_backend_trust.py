@@ -4,29 +4,18 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
 
 import httpx
-import pytest
 import yaml
 
 from exports_common.task_ids import new_task_id
-from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config, gateway_config
+from tests.conftest import ADMIN_TOKEN, DEMO_KEY, backend_config
 from tests.helpers import assert_envelope_error, backend_create
 from tests.procs import ROOT, SERVICE_TOKEN, Service, backend_headers, wait_until
 
 API = "/api/v1/exports"
 AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-
-
-@pytest.fixture(scope="module")
-def stack(module_services: Callable[..., Service], tmp_path_factory: pytest.TempPathFactory
-          ) -> tuple[Service, Service]:
-    workdir = tmp_path_factory.mktemp("trust")
-    backend = module_services("backend_stub", backend_config(workdir))
-    gateway = module_services("gateway", gateway_config(workdir, backend.url))
-    return backend, gateway
 
 
 def test_a_caller_without_the_service_token_gets_401_but_the_probes_answer(stack: tuple[Service, Service]) -> None:

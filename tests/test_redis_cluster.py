@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
 
 import httpx
-import pytest
 
 from backend_stub.models import Task
 from backend_stub.store.redis_store import RedisTaskStore
@@ -31,15 +28,6 @@ AUTH = {"Authorization": f"Bearer {DEMO_KEY}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 TENANT = backend_headers("demo")
 BODY = {"export_type": "report_export"}
-
-
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
-    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
-        pytest.fail("redis-server and redis-cli are missing; .ci/run installs them (apt-get install redis-server)")
-    cluster = RedisClusterServers(tmp_path_factory.mktemp("redis-cluster")).start()
-    yield cluster
-    cluster.stop()
 
 
 def _tag(key: str) -> str:

@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis.asyncio
@@ -12,15 +10,6 @@ from redis.exceptions import WatchError
 
 from exports_common.redis_client import HEALTH_CHECK_SEC, connect
 from tests.procs import RedisClusterServers
-
-
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
-    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
-        pytest.fail("redis-server and redis-cli are missing; .ci/run installs them (apt-get install redis-server)")
-    cluster = RedisClusterServers(tmp_path_factory.mktemp("redis-cluster")).start()
-    yield cluster
-    cluster.stop()
 
 
 @pytest.mark.parametrize("idle", [False, True], ids=["at-once", "idle-past-the-health-check"])
