@@ -8,11 +8,19 @@ first address that is not one is the client's. Everything left of it is the clie
 word and never counts, so anonymous clients behind one proxy each get their own
 bucket, and none can spend another's.
 
-`Forwarded` is read by its grammar (gateway.forwarded_header). A malformed element, and
-every element left of it, is ignored: those on its right were written after it, by the
-proxies nearer this gateway, and are read as they are; but a quote the client never closed
-may have swallowed a proxy's element, and the client's own element next to the gap must not
-become the rightmost hop. With nothing readable left, a trusted peer's own address counts.
+Which header: the one `forwarded_header` names. On `auto`, whichever one the request carries;
+a request with both is believed in neither, and the trusted peer's own address counts: a
+proxy appends to one of them and passes the other through as the client wrote it, so the
+client would choose the address.
+
+`Forwarded` is read by its grammar (gateway.forwarded_header), only its last
+FORWARDED_TAIL characters (more than MAX_CHAIN hops' worth): a longer header is the client's
+padding, and the element the cut lands in is malformed. A malformed element, or one without a
+`for=` (a proxy that wrote only `proto=` or `host=`), ends the chain there: everything left of
+it is ignored, those on its right were written after it by the proxies nearer this gateway. A
+quote the client never closed may have swallowed a proxy's element, and the client's own
+element next to the gap must not become the rightmost hop. With nothing readable left, a
+trusted peer's own address counts.
 """
 from __future__ import annotations
 
@@ -22,9 +30,10 @@ from collections import deque
 from starlette.types import Scope
 
 from gateway.forwarded_header import elements
-from gateway.forwarding import TrustedProxies
+from gateway.forwarding import ForwardedHeader, TrustedProxies
 
 MAX_CHAIN = 64  # entries looked at, from the right: a proxy chain is a few hops, a longer list is the client's
+FORWARDED_TAIL = 4096  # characters of Forwarded read, from the right
 
 
 def _host(value: str) -> str:
@@ -38,19 +47,32 @@ def _host(value: str) -> str:
 
 
 def _forwarded_for(lines: list[str]) -> list[str]:
-    """The `for=` values of Forwarded's field lines, in order, the last MAX_CHAIN after the last malformed element."""
+    """The `for=` values of Forwarded's field lines (their last FORWARDED_TAIL characters), in order, the last
+    MAX_CHAIN after the last element that is malformed or names no `for`."""
     hops: deque[str] = deque(maxlen=MAX_CHAIN)
-    for line in lines:
+    for line in _tails(lines, FORWARDED_TAIL):
         for element in elements(line):
-            if element is None:
+            if element is None or not element.get("for"):
                 hops.clear()
-            elif element.get("for"):
+            else:
                 hops.append(element["for"])
     return list(hops)
 
 
-def forwarded_chain(scope: Scope) -> list[str]:
-    """The addresses of X-Forwarded-For (every such header, in order), else of Forwarded's `for=` parameters."""
+def _tails(lines: list[str], budget: int) -> list[str]:
+    """The field lines' last `budget` characters, taken from the last line back: the earlier lines' rest dropped."""
+    kept: list[str] = []
+    for line in reversed(lines):
+        if budget <= 0:
+            break
+        kept.append(line[-budget:])
+        budget -= len(line)
+    return kept[::-1]
+
+
+def forwarded_chain(scope: Scope, header: ForwardedHeader = "auto") -> list[str]:
+    """The addresses of `header`'s hops (X-Forwarded-For: every such header, in order; Forwarded: its `for=`
+    parameters); on auto, of whichever the request carries, and none when it carries both."""
     xff: list[str] = []
     forwarded: list[str] = []
     for key, value in scope["headers"]:
@@ -58,7 +80,10 @@ def forwarded_chain(scope: Scope) -> list[str]:
             xff += [part for part in value.decode("latin-1").split(",") if part.strip()]
         elif key == b"forwarded":
             forwarded.append(value.decode("latin-1"))
-    return [_host(part) for part in (xff or _forwarded_for(forwarded))[-MAX_CHAIN:]]
+    if header == "auto" and xff and forwarded:
+        return []
+    hops = xff if header == "x-forwarded-for" or (header == "auto" and xff) else _forwarded_for(forwarded)
+    return [_host(part) for part in hops[-MAX_CHAIN:]]
 
 
 def _trusted(address: str, trusted: TrustedProxies) -> bool:
@@ -75,7 +100,7 @@ def client_address(scope: Scope, trusted: TrustedProxies) -> str:
     peer = str(client[0]) if client else "unknown"
     if not trusted.trusts(scope):
         return peer
-    chain = forwarded_chain(scope)
+    chain = forwarded_chain(scope, trusted.header)
     for address in reversed(chain):
         if not _trusted(address, trusted):
             return address[:64] or "unknown"

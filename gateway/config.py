@@ -333,6 +333,10 @@ class GatewayConfig(Strict):
                                              "gateway's own address)")
     trusted_proxies: list[str] = Field(default_factory=list, description="CIDRs whose Forwarded / X-Forwarded-* "
                                        "headers are believed; anyone else's are dropped")
+    forwarded_header: Literal["auto", "x-forwarded-for", "forwarded"] = Field(
+        "auto", description="the header the nearest trusted proxy writes the client's address in; auto: whichever "
+                            "of the two a request carries, and neither when it carries both (the trusted peer's "
+                            "own address counts), since a client can add the one its proxy does not write")
     max_header_bytes: int = Field(8192, ge=1024, le=65536, description="larger request headers get 431")
     connection_limits: ConnectionLimits = Field(default_factory=ConnectionLimits)
     metrics_auth: Literal["none", "admin_token"] = Field(

@@ -14,9 +14,12 @@ separators. A `,` `;` `=` or escaped `"` inside a quoted-string is part of the v
 No library the project depends on reads this header on its own: werkzeug's list and dict helpers
 (not a dependency) split on "," only, and aiohttp's parser is a property of its own request object.
 
+One leniency: an unquoted value may hold any character but the separators, quotes and
+whitespace, as proxies write IPv6 addresses and ports without the quotes the RFC asks for.
+
 A client writes whatever it likes here, so nothing raises: an element that breaks the grammar
-(a name that is not a token, a value neither token nor quoted-string, a parameter twice, junk
-after a value) is malformed, and so is the rest of a field line after a quoted-string that is
+(a name that is not a token, a value that is missing, a parameter twice, junk after a value)
+is malformed, and so is the rest of a field line after a quoted-string that is
 never closed, since where it was meant to end cannot be known.
 """
 from __future__ import annotations
@@ -28,7 +31,11 @@ from collections.abc import Iterator
 _TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
 # RFC 9110 section 5.6.4: DQUOTE *( qdtext / quoted-pair ) DQUOTE, obs-text being the bytes 0x80-0xFF (latin-1)
 _QUOTED_STRING = r'"(?:[\t !#-\[\]-~\x80-\xff]|\\[\t \x21-\x7e\x80-\xff])*"'
-_PAIR = re.compile(rf"({_TOKEN})=({_TOKEN}|{_QUOTED_STRING})")
+# a value beyond the grammar's token, up to the next separator: proxies write `for=2001:db8::1` and
+# `for=192.0.2.7:4711` unquoted (`:` is no tchar), and reading them as written beats counting every client
+# behind such a proxy as the proxy
+_LENIENT = r'[^",;\s]+'
+_PAIR = re.compile(rf"({_TOKEN})=({_QUOTED_STRING}|{_LENIENT})")
 _QUOTED_PAIR = re.compile(r"\\(.)", re.DOTALL)
 # a malformed element's extent: up to the next "," outside a quoted-string, or an unclosed quote
 _SKIP = re.compile(rf'(?:[^",]|{_QUOTED_STRING})*')

@@ -8,6 +8,7 @@ from a trusted proxy's forwarded host, else from the address the gateway listens
 from __future__ import annotations
 
 import ipaddress
+from typing import Literal
 
 from starlette.types import Scope
 
@@ -18,9 +19,14 @@ FORWARDING = frozenset({"forwarded", "x-real-ip"})
 FORWARDING_PREFIX = "x-forwarded-"
 
 
+ForwardedHeader = Literal["auto", "x-forwarded-for", "forwarded"]
+
+
 class TrustedProxies:
-    def __init__(self, cidrs: list[str] | None = None) -> None:
+    def __init__(self, cidrs: list[str] | None = None, header: ForwardedHeader = "auto") -> None:
+        """`header`: the one the nearest trusted proxy writes the client's address in (auto: either, not both)."""
         self.networks = tuple(networks(cidrs or []))
+        self.header = header
 
     def trusts(self, scope: Scope) -> bool:
         client = scope.get("client")

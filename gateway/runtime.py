@@ -113,7 +113,7 @@ def build_runtime(config: GatewayConfig, services: Services) -> Runtime:
         signer=DownloadSigner(config.download_signing.secrets, config.download_signing.max_link_ttl_sec),
         upstreams=upstreams_of(config, services.metrics),
         public_base_url=config.public_base_url.rstrip("/"),
-        trusted_proxies=TrustedProxies(config.trusted_proxies),
+        trusted_proxies=TrustedProxies(config.trusted_proxies, config.forwarded_header),
     )
     services.client.resize(config.pool_sizes())
     views = RouteViews(config, services)

@@ -134,6 +134,24 @@ def test_behind_a_trusted_proxy_a_quoted_forwarded_value_never_chooses_the_addre
     assert guess(victim) == 401
 
 
+@pytest.mark.parametrize("header", ["forwarded", "auto"])
+def test_behind_a_forwarded_proxy_a_clients_own_x_forwarded_for_never_chooses_the_address_counted(
+        services: Callable[..., Service], tmp_path: Path, header: str) -> None:
+    """A proxy that writes only `Forwarded` passes a client's `X-Forwarded-For` on: it must not name the victim."""
+    backend = services("backend_stub", backend_config(tmp_path))
+    gateway = services("gateway", gateway_config(tmp_path, backend.url, tenant_limits=limits(),
+                                                 trusted_proxies=["127.0.0.0/8"], forwarded_header=header,
+                                                 address_limit={"per_sec": 0.05, "burst": 2}))
+    wrong_key = {"Authorization": "Bearer not-a-key"}
+
+    def guess(headers: dict[str, str]) -> int:
+        return httpx.get(f"{gateway.url}{API}", headers=wrong_key | headers).status_code
+
+    attacker = {"Forwarded": "for=198.51.100.66", "X-Forwarded-For": "203.0.113.5"}
+    assert [guess(attacker) for _ in range(3)] == [401, 401, 429]  # the attacker's bucket (auto: the proxy's)
+    assert guess({"Forwarded": "for=203.0.113.5"}) == 401  # the victim's is not spent
+
+
 @pytest.mark.parametrize("store", ["sqlite", "redis"])
 def test_the_active_task_quota_holds_with_its_own_code(services: Callable[..., Service], tmp_path: Path,
                                                       redis_server: RedisServer, store: str) -> None:
