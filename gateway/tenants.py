@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from dataclasses import dataclass, field
 
 from gateway.context import RequestContext
@@ -31,6 +32,10 @@ class Limits:
     hold: HoldSettings = field(default_factory=HoldSettings)
 
 
+# `Bearer <key>` as clients send it: the one spelling the memo keeps, so its entries are the configured keys at most
+_CANONICAL = re.compile(rb"Bearer [^\s]+")
+
+
 class _NoTenant(LookupError):
     """An `Authorization` value that names no tenant: raised, so that the memo keeps nothing of it."""
 
@@ -52,7 +57,9 @@ class TenantDirectory:
     def bearer(self, authorization: bytes) -> str | None:
         """The tenant an `Authorization: Bearer <key>` header's value names, or None."""
         try:
-            return self._named(authorization)
+            if _CANONICAL.fullmatch(authorization):
+                return self._named(authorization)
+            return self._tenant_named(authorization)  # another spelling: read, never kept
         except _NoTenant:
             return None
 

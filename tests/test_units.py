@@ -408,6 +408,10 @@ def test_only_keys_that_name_a_tenant_are_remembered_and_no_more_than_are_config
     assert directory.bearer(b"Basic k1") is None and directory.bearer(b"k1") is None
     assert directory._named.cache_info().currsize == remembered
     assert directory.bearer(b"Bearer k1") == "acme" and directory.bearer(b"Bearer k2") == "beta"
+    for n in range(10):  # a tenant cycling spellings of its own key does not push another's out
+        assert directory.bearer(b"Bearer " + b" " * n + b"k1") == "acme"
+    hits = directory._named.cache_info().hits
+    assert directory.bearer(b"Bearer k2") == "beta" and directory._named.cache_info().hits == hits + 1
 
 
 @given(st.text(max_size=40))
