@@ -98,5 +98,6 @@ def create_app(config: BackendConfig, config_path: str | None = None) -> ASGIApp
         routes.append(Route("/events", ChangeFeed(store, config.change_log).events, methods=["GET"]))
     handlers = {**exception_handlers(), RedisError: redis_failed, SqlError: sql_failed}
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
-    guarded = ServiceAuth(HttpFault(app, config.http_fault, counter), config.required_token())
-    return tracing.instrumented(guarded, routes)
+    # the service token checked first: a caller without it makes no span (the probes, open to all, make theirs)
+    return ServiceAuth(tracing.instrumented(HttpFault(app, config.http_fault, counter), routes),
+                       config.required_token())

@@ -5,7 +5,8 @@ based). A task keeps the `traceparent` of the request that created it: the
 worker's run and every callback delivery join that trace, so a task's whole life
 is one trace; a re-run keeps the trace and links to the request that asked for it.
 A `traceparent` is read by OpenTelemetry's W3C propagator: one that is not well
-formed is ignored. With no exporter nothing here builds a span.
+formed is ignored. With no exporter nothing here builds a span. A span never carries a query's values (a
+signed download's `sig` is its credential) nor the service token, whatever headers an operator asks it to capture.
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from typing import Any, Callable, Iterator, Sequence
 from opentelemetry import context, propagate, trace
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from opentelemetry.metrics import NoOpMeter
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import Link
+from opentelemetry.util.http import OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS, get_custom_headers
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -110,13 +113,45 @@ class _UnsampledPassed:
             await self.instrumented(scope, receive, send)
 
 
+# the request's attributes that hold its query: the stable one, and the old ones an operator's
+# OTEL_SEMCONV_STABILITY_OPT_IN may ask for (the middleware redacts a few names in `http.url` only)
+_QUERY_HOLDERS = ("url.query", "http.target", "http.url")
+
+
+def _names_only(query: str) -> str:
+    """The query with each value replaced: `expires=REDACTED&sig=REDACTED`; a part without `=` may be a bare
+    secret, so it is replaced whole."""
+    return "&".join(f"{name}=REDACTED" if sep else "REDACTED"
+                    for name, sep, _ in (part.partition("=") for part in query.split("&")))
+
+
+def _without_query_values(span: trace.Span, scope: Scope) -> None:
+    """The middleware's request hook, run after it set the request's attributes and before the app: each that holds
+    the query is set again with the query's names only."""
+    query = scope.get("query_string", b"").decode("latin-1")
+    if not query or not isinstance(span, ReadableSpan) or span.attributes is None:
+        return
+    for key in _QUERY_HOLDERS:
+        held = span.attributes.get(key)
+        if isinstance(held, str):
+            kept = "" if key == "url.query" else held.partition("?")[0] + "?"
+            span.set_attribute(key, kept + _names_only(query))
+
+
+def _sanitized_headers() -> list[str]:
+    """The request headers whose captured value is `[REDACTED]`: the operator's, and always the service token."""
+    return [*get_custom_headers(OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS), "authorization"]
+
+
 def instrumented(app: ASGIApp, routes: Sequence[Route]) -> ASGIApp:
     """`app` with a server span per API request, a child of the caller's trace (OpenTelemetry's ASGI middleware,
     its HTTP metrics left out: the backend's are Prometheus'); `app` as it is when nothing is exported."""
     if isinstance(_Tracer.current, trace.NoOpTracer):
         return app
     middleware = OpenTelemetryMiddleware(app, default_span_details=_route_of(routes), tracer=_Tracer.current,
-                                         meter=NoOpMeter("backend"), exclude_spans=["receive", "send"])
+                                         meter=NoOpMeter("backend"), exclude_spans=["receive", "send"],
+                                         server_request_hook=_without_query_values,
+                                         http_capture_headers_sanitize_fields=_sanitized_headers())
     return _UnsampledPassed(app, middleware) if _Tracer.parent_based else middleware
 
 

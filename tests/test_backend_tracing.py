@@ -6,14 +6,17 @@ request is a new trace the backend's ratio decides on (1 here, so an ignored hea
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import httpx
+import pytest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from exports_common.task_ids import new_task_id
+from tests import otlp_receiver
 from tests.conftest import backend_config
 from tests.otlp_receiver import OtlpReceiver, Span
-from tests.procs import Service, backend_headers, wait_until
+from tests.procs import SERVICE_TOKEN, Service, backend_headers, wait_until
 from tests.receiver import Receiver
 
 CALLER_SPAN = "00f067aa0ba902b7"
@@ -101,3 +104,52 @@ def test_a_sampler_not_parent_based_records_under_an_unsampled_caller(services: 
         span = wait_until(lambda: next((s for s in collector.spans if s.trace_id == _trace(1)), None), 15,
                           what="the request's span")
     assert (span.name, span.parent_id) == (f"GET {ROUTE}", CALLER_SPAN)
+
+
+SECRET_QUERY = "expires=1999999999&sig=SECRETSIG&token=SECRETTOK&X-Amz-Signature=AMZSIG&BARESECRET"
+NAMES_ONLY = "expires=REDACTED&sig=REDACTED&token=REDACTED&X-Amz-Signature=REDACTED&REDACTED"
+
+
+def _with_arrays(value: AnyValue) -> Any:
+    """The collector's attribute value, a captured header's list of strings read too (it keeps scalars only)."""
+    if value.WhichOneof("value") == "array_value":
+        return [item.string_value for item in value.array_value.values]
+    return getattr(value, value.WhichOneof("value") or "string_value")
+
+
+@pytest.mark.parametrize("semconv", ["http", "http/dup"])  # "http/dup": the old `http.target`, `http.url` too
+def test_a_span_keeps_a_query_s_names_only_and_no_header_s_secret(
+        services: Callable[..., Service], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, semconv: str) -> None:
+    monkeypatch.setattr(otlp_receiver, "_value", _with_arrays)
+    with OtlpReceiver() as collector:
+        backend = services("backend_stub", backend_config(tmp_path), OTEL_TRACES_EXPORTER="otlp",
+                           OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, OTEL_TRACES_SAMPLER_ARG="1",
+                           OTEL_BSP_SCHEDULE_DELAY="100", OTEL_SEMCONV_STABILITY_OPT_IN=semconv,
+                           OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST=".*")
+        httpx.get(f"{backend.url}/exports/secret/file?{SECRET_QUERY}", timeout=10,
+                  headers=backend_headers("t1", traceparent=FOLLOWED["sampled"]))
+        span = wait_until(lambda: next((s for s in collector.spans if s.trace_id == _trace(5)), None), 15,
+                          what="the request's span")
+    assert span.attributes["url.query"] == NAMES_ONLY
+    assert span.attributes["http.request.header.authorization"] == ["[REDACTED]"]
+    if semconv == "http/dup":
+        assert span.attributes["http.target"] == f"/exports/secret/file?{NAMES_ONLY}"
+        assert span.attributes["http.url"].endswith(f"/exports/secret/file?{NAMES_ONLY}")
+    exported = repr(span.attributes)
+    for secret in ("1999999999", "SECRETSIG", "SECRETTOK", "AMZSIG", "BARESECRET", SERVICE_TOKEN):
+        assert secret not in exported, secret
+
+
+def test_a_caller_without_the_service_token_makes_no_span(services: Callable[..., Service],
+                                                           tmp_path: Path) -> None:
+    with OtlpReceiver() as collector:
+        backend = services("backend_stub", backend_config(tmp_path), OTEL_TRACES_EXPORTER="otlp",
+                           OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, OTEL_TRACES_SAMPLER_ARG="1",
+                           OTEL_BSP_SCHEDULE_DELAY="100")
+        refused = httpx.get(f"{backend.url}/exports/anyone?{SECRET_QUERY}", timeout=10,
+                            headers={"traceparent": FOLLOWED["flags-03"], "X-Tenant-Id": "t1"})
+        assert refused.status_code == 401, refused.text
+        # a probe, open to all, still makes its span: once it is in, the refused request's would be too
+        httpx.get(f"{backend.url}/readyz", timeout=10, headers={"traceparent": FOLLOWED["sampled"]})
+        wait_until(lambda: any(s.trace_id == _trace(5) for s in collector.spans), 15, what="the probe's span")
+        assert [s.name for s in collector.spans if s.trace_id == _trace(3)] == []
