@@ -34,12 +34,17 @@ told by the transaction what it is sending):
   node's older connections first, as redis-py's command path does for a plain command;
 - WATCH holds on its connection only: a command after it, or the MULTI/EXEC, sent again on
   another connection is no longer checked, and redis-py sends it again without the WATCH, so
-  an update could be applied over another's write. Once a transaction's WATCH is sent, a
-  connection lost under it fails the transaction with a WatchError and resets the pipeline, as
-  redis-py's one-server pipeline does: the caller's loop watches and reads again.
+  an update could be applied over another's write. Once a transaction's WATCH is sent, nothing
+  is sent again: a connection lost under a read after it fails the transaction with a
+  WatchError and resets the pipeline, as redis-py's one-server pipeline does (the caller's loop
+  watches and reads again: nothing was written); one lost under its MULTI/EXEC is raised as the
+  connection error it is, since the EXEC may have been applied and a caller's loop would apply
+  its change a second time.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -51,7 +56,17 @@ from redis.asyncio.cluster import ClusterPipeline
 from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ClusterError, ConnectionError, RedisClusterException, RedisError, TimeoutError, WatchError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    ClusterError,
+    ConnectionError,
+    MaxConnectionsError,
+    RedisClusterException,
+    RedisError,
+    WatchError,
+)
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from exports_common.errors import ApiError, unavailable
 
@@ -62,6 +77,10 @@ MAX_CONNECTIONS = 1024
 # a pooled connection idle this long is pinged before its next command
 HEALTH_CHECK_SEC = 5
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+# how long a start waits for a cluster to name its nodes before serving
+LEARN_CLUSTER_SEC = 2.0
+
+log = logging.getLogger("exports_common.redis_client")
 
 # what both processes hold: one server or a cluster, used through the commands they share
 AnyRedis: TypeAlias = "Redis | RedisCluster"
@@ -70,25 +89,37 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class _Sending:
-    """What a cluster transaction is sending: its first command, or one after its WATCH."""
+    """What a cluster transaction is sending: its first command, or one after its WATCH (a read, or the
+    MULTI/EXEC itself: `applies`), to the node that owns `key`'s slot when known."""
     cluster: RedisCluster
     watched: bool
+    applies: bool
+    key: Any = None
 
 
 _SENDING: ContextVar[_Sending | None] = ContextVar("cluster_transaction_sending", default=None)
 
 
-async def _drop_stale(cluster: RedisCluster, error: Exception) -> None:
-    """After a connection error, the failed connection's node reconnects its older connections (closed by
-    a restart, as that one was) before another is used; what redis-py's command path does. redis-py names
-    the connection a transaction failed on, except when its sending (or the health check's PING before it)
-    failed: then every node's, idle ones reconnecting when next used (a rare error: a node's restart)."""
+# connection errors that say nothing of the connections already open: a pool at its bound, a refused login
+_NOT_STALE = (MaxConnectionsError, AuthenticationError, AuthorizationError)
+
+
+async def _drop_stale(sending: _Sending, error: Exception) -> None:
+    """After a connection error, the node's older connections (closed by a restart, as the failed one was)
+    reconnect before another is used; what redis-py's command path does for a plain command. The node is the
+    one redis-py names the failed connection of, else the one owning the transaction's key, else (no key
+    known) every node's, idle ones reconnecting when next used (a rare error: a node's restart)."""
+    if isinstance(error, _NOT_STALE):
+        return
+    cluster = sending.cluster
     connection = getattr(error, "connection", None)
-    named = cluster.get_node(host=connection.host, port=connection.port) \
-        if isinstance(connection, Connection) else None
-    for node in [named] if named is not None else cluster.get_nodes():
-        node.update_active_connections_for_reconnect()
-        await node.disconnect_free_connections()
+    if isinstance(connection, Connection):
+        node = cluster.get_node(host=connection.host, port=connection.port)
+    else:
+        node = cluster.get_node_from_key(sending.key) if sending.key is not None else None
+    for stale in [node] if node is not None else cluster.get_nodes():
+        stale.update_active_connections_for_reconnect()
+        await stale.disconnect_free_connections()
 
 
 class _TransactionRetry(Retry):
@@ -104,10 +135,12 @@ class _TransactionRetry(Retry):
 
         async def failed(error: Exception, *count: int) -> None:
             await fail(error, *count)  # redis-py's own: the failed connection is dropped and released
+            if sending.watched and sending.applies:  # the EXEC may have been applied: not a conflict to retry
+                raise error
             if sending.watched:  # sent again, it would go on a connection without the WATCH
                 raise WatchError(f"A {type(error).__name__} occurred while watching one or more keys") from error
             if isinstance(error, ConnectionError):
-                await _drop_stale(sending.cluster, error)
+                await _drop_stale(sending, error)
 
         return await super().call_with_retry(do, failed, is_retryable, with_failure_count)
 
@@ -154,20 +187,25 @@ class _Pipeline(ClusterPipeline):
         super().__init__(client, transaction)
         self.transaction = transaction
         self.watched = False  # a transaction whose WATCH was sent: its connection holds it until EXEC or reset
+        self.key: Any = None  # the first key it names: every key of a transaction is in that key's slot
 
-    async def _send(self, send: Awaitable[T], watched: bool) -> T:
+    async def _send(self, send: Awaitable[T], watched: bool, applies: bool = False) -> T:
         try:
-            return await _sent_as(_Sending(self.cluster_client, watched), send)
+            return await _sent_as(_Sending(self.cluster_client, watched, applies, self.key), send)
         except WatchError:
             await self.reset()  # as the one-server pipeline: the caller's next WATCH starts afresh
             raise
 
     async def watch(self, *names: Any) -> None:  # type: ignore[override]  # async, as ClusterPipeline's
+        if self.key is None and names:
+            self.key = names[0]
         send = super().watch(*names)  # type: ignore[no-untyped-call]
         watched, self.watched = self.watched, True  # from now on its sends go once (a reset clears it)
         await self._send(send, watched)
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if self.key is None and len(args) > 1:
+            self.key = args[1]
         queued_or_sent = super().execute_command(*args, **kwargs)
         if isinstance(queued_or_sent, Coroutine):  # sent at once: a command between WATCH and MULTI
             return self._send(queued_or_sent, self.watched)
@@ -176,7 +214,8 @@ class _Pipeline(ClusterPipeline):
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
         try:
             if self.transaction:
-                return await self._send(super().execute(raise_on_error, allow_redirections), self.watched)
+                return await self._send(super().execute(raise_on_error, allow_redirections), self.watched,
+                                        applies=True)
             return await super().execute(raise_on_error, allow_redirections)
         except RedisError:
             raise
@@ -184,7 +223,7 @@ class _Pipeline(ClusterPipeline):
             raise _slipped(exc) from exc
 
     async def reset(self) -> None:  # type: ignore[override]  # ClusterPipeline's, not the RESET command's
-        self.watched = False
+        self.watched, self.key = False, None
         await super().reset()  # type: ignore[no-untyped-call]
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -206,7 +245,7 @@ def connect(url: str, *, socket_timeout: float = 0.5, decode_responses: bool = F
         "decode_responses": decode_responses, "socket_timeout": socket_timeout, "socket_connect_timeout": 0.5,
         "max_connections": MAX_CONNECTIONS,
         "retry": Retry(ExponentialBackoff(cap=0.25, base=0.05), retries=1),
-        "retry_on_error": [ConnectionError, TimeoutError], "health_check_interval": HEALTH_CHECK_SEC,
+        "retry_on_error": [ConnectionError, RedisTimeoutError], "health_check_interval": HEALTH_CHECK_SEC,
         "driver_info": None,  # no CLIENT SETINFO: one round trip less per new connection
     }
     scheme, _, rest = url.partition("://")
@@ -215,6 +254,21 @@ def connect(url: str, *, socket_timeout: float = 0.5, decode_responses: bool = F
         return _Cluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}", **options)
     # a command finding every connection busy waits for one up to the socket timeout (redis-py's own pool fails it)
     return Redis.from_pool(BlockingConnectionPool.from_url(url, timeout=socket_timeout, **options))
+
+
+async def learn_cluster(client: AnyRedis) -> None:
+    """A cluster client learns the cluster's nodes and slots now, at the process's start: redis-py learns them
+    on the first command, and of a burst of first commands at once (a process's first requests) some fail
+    with a ConnectionError. A cluster not reachable yet is learnt on a later command, as before; one server
+    has nothing to learn."""
+    if not isinstance(client, RedisCluster):
+        return
+    try:
+        async with asyncio.timeout(LEARN_CLUSTER_SEC):
+            await client.initialize()
+    except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
+        log.warning("the Redis Cluster did not name its nodes at the start; its first commands will ask again",
+                    extra={"error": repr(exc)})
 
 
 def store_unavailable(exc: RedisError) -> ApiError:

@@ -16,6 +16,7 @@ from typing import AsyncIterator, Literal
 
 from exports_common import config_watch, dev_mode, otel, periodic
 from exports_common.config_loader import ConfigError, load_model
+from exports_common.redis_client import learn_cluster
 from exports_common.signing import DownloadSigner
 from gateway import plugin_hooks, policy, telemetry
 from gateway.breakers import Breakers
@@ -156,6 +157,8 @@ def upstream_client(config: GatewayConfig) -> HttpClient:
 async def running(holder: RuntimeHolder) -> AsyncIterator[None]:
     """From start to shutdown: services open, the first Runtime in force, reload triggers armed."""
     services = open_services(holder.initial_config)
+    if services.state.redis is not None:
+        await learn_cluster(services.state.redis)
     if unloaded := registry().unloaded():  # a broken package no route names costs nothing: it is not imported
         log.info("installed plugins no route names are not loaded", extra={"plugins": unloaded})
     holder.observe(services)

@@ -46,7 +46,7 @@ from backend_stub.store.base import (
 )
 from backend_stub.store.fair import Fairness
 from exports_common.contract import Status
-from exports_common.redis_client import connect
+from exports_common.redis_client import connect, learn_cluster
 
 BLOCK_SEC = 1.0
 log = logging.getLogger("backend.store")
@@ -105,7 +105,9 @@ class RedisTaskStore:
         return int(await self.redis.scard(self._active_key(tenant)))
 
     async def open(self) -> None:
-        """Nothing to set up: the queue's keys appear with their first entry."""
+        """Nothing to set up but a cluster's map: the queue's keys appear with their first entry."""
+        await learn_cluster(self.redis)
+        await learn_cluster(self.blocking)
 
     async def close(self) -> None:
         await self.redis.aclose()
