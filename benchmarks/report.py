@@ -53,12 +53,12 @@ SECTIONS: dict[str, tuple[str, str, Callable[[runs.Settings], str]]] = {
 # figures this report does not measure again, from benchmarks/RESULTS.md, with the date they were taken
 CARRIED_OVER = [
     ("Cache-hit status poll, gateway / bare Starlette (one core each, wrk, in turns, quiet machine; three runs; "
-     "Intel Xeon, 2 vCPUs)", "0.59 / 0.56 / 0.58 (goal ≥ 0.70: missed)", "2026-12-02",
+     "Intel Xeon, 2 vCPUs)", "0.57 / 0.57 / 0.56 (goal ≥ 0.70: missed)", "2026-12-02",
      "Session 7: the guard on the merged main"),
     ("Uncached list call, gateway / minimal aiohttp proxy (in turns; three runs)",
-     "0.92 / 0.90 / 0.92, p99 0.93-1.24x (goal ≥ 0.80, p99 ≤ 2x)", "2026-12-02",
+     "0.88 / 0.90 / 0.89, p99 1.05-1.16x (goal ≥ 0.80, p99 ≤ 2x)", "2026-12-02",
      "Session 7: the guard on the merged main"),
-    ("Cache-hit poll on Redis, `run --workers 2` / one worker (three runs)", "1.63 / 1.63 / 1.58x (goal ≥ 1.4x)",
+    ("Cache-hit poll on Redis, `run --workers 2` / one worker (three runs)", "1.65 / 1.59 / 1.55x (goal ≥ 1.4x)",
      "2026-12-02", "Session 7: the guard on the merged main"),
     ("Retry amplification, backend failing 100 % with the breaker kept closed: backend / client requests",
      "1.198 (goal ≤ 1.2)", "2026-11-29 or later", "Resilience (issue 4)"),
