@@ -48,12 +48,17 @@ def _get(backend: Service, task_id: str, traceparent: str) -> None:
     assert answer.status_code == 404, answer.text
 
 
+def _traced_backend(services: Callable[..., Service], tmp_path: Path, collector: OtlpReceiver,
+                    **env: str) -> Service:
+    """The export service sending its spans to `collector` at once (100 ms batches), with `env` set too."""
+    return services("backend_stub", backend_config(tmp_path), OTEL_TRACES_EXPORTER="otlp",
+                    OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, OTEL_BSP_SCHEDULE_DELAY="100", **env)
+
+
 def test_the_sampled_bit_alone_decides_and_a_malformed_traceparent_is_ignored(
         services: Callable[..., Service], tmp_path: Path) -> None:
     with OtlpReceiver() as collector:
-        backend = services("backend_stub", backend_config(tmp_path), OTEL_TRACES_EXPORTER="otlp",
-                           OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, OTEL_TRACES_SAMPLER_ARG="1",
-                           OTEL_BSP_SCHEDULE_DELAY="100")
+        backend = _traced_backend(services, tmp_path, collector, OTEL_TRACES_SAMPLER_ARG="1")
         for task_id, traceparent in (UNSAMPLED | IGNORED | FOLLOWED).items():  # "sampled" last: its span the last
             _get(backend, task_id, traceparent)
 
@@ -93,13 +98,10 @@ def test_a_task_keeps_a_well_formed_traceparent_only(services: Callable[..., Ser
     assert [r.headers.get("traceparent") for r in receiver.received] == [None, kept]
 
 
-
 def test_a_sampler_not_parent_based_records_under_an_unsampled_caller(services: Callable[..., Service],
                                                                       tmp_path: Path) -> None:
     with OtlpReceiver() as collector:
-        backend = services("backend_stub", backend_config(tmp_path), OTEL_TRACES_EXPORTER="otlp",
-                           OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, OTEL_TRACES_SAMPLER="always_on",
-                           OTEL_BSP_SCHEDULE_DELAY="100")
+        backend = _traced_backend(services, tmp_path, collector, OTEL_TRACES_SAMPLER="always_on")
         _get(backend, "flags-00", UNSAMPLED["flags-00"])
         span = wait_until(lambda: next((s for s in collector.spans if s.trace_id == _trace(1)), None), 15,
                           what="the request's span")
@@ -122,10 +124,9 @@ def test_a_span_keeps_a_query_s_names_only_and_no_header_s_secret(
         services: Callable[..., Service], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, semconv: str) -> None:
     monkeypatch.setattr(otlp_receiver, "_value", _with_arrays)
     with OtlpReceiver() as collector:
-        backend = services("backend_stub", backend_config(tmp_path), OTEL_TRACES_EXPORTER="otlp",
-                           OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, OTEL_TRACES_SAMPLER_ARG="1",
-                           OTEL_BSP_SCHEDULE_DELAY="100", OTEL_SEMCONV_STABILITY_OPT_IN=semconv,
-                           OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST=".*")
+        backend = _traced_backend(services, tmp_path, collector, OTEL_TRACES_SAMPLER_ARG="1",
+                                  OTEL_SEMCONV_STABILITY_OPT_IN=semconv,
+                                  OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST=".*")
         httpx.get(f"{backend.url}/exports/secret/file?{SECRET_QUERY}", timeout=10,
                   headers=backend_headers("t1", traceparent=FOLLOWED["sampled"]))
         span = wait_until(lambda: next((s for s in collector.spans if s.trace_id == _trace(5)), None), 15,
@@ -143,9 +144,7 @@ def test_a_span_keeps_a_query_s_names_only_and_no_header_s_secret(
 def test_a_caller_without_the_service_token_makes_no_span(services: Callable[..., Service],
                                                            tmp_path: Path) -> None:
     with OtlpReceiver() as collector:
-        backend = services("backend_stub", backend_config(tmp_path), OTEL_TRACES_EXPORTER="otlp",
-                           OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, OTEL_TRACES_SAMPLER_ARG="1",
-                           OTEL_BSP_SCHEDULE_DELAY="100")
+        backend = _traced_backend(services, tmp_path, collector, OTEL_TRACES_SAMPLER_ARG="1")
         refused = httpx.get(f"{backend.url}/exports/anyone?{SECRET_QUERY}", timeout=10,
                             headers={"traceparent": FOLLOWED["flags-03"], "X-Tenant-Id": "t1"})
         assert refused.status_code == 401, refused.text
