@@ -90,7 +90,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class _Sending:
     """What a cluster transaction is sending: its first command, or one after its WATCH (a read, or the
-    MULTI/EXEC itself: `applies`), to the node that owns `key`'s slot when known."""
+    MULTI/EXEC itself: `applies`), to the node that owns `key`'s slot when it watched one."""
     cluster: RedisCluster
     watched: bool
     applies: bool
@@ -107,8 +107,8 @@ _NOT_STALE = (MaxConnectionsError, AuthenticationError, AuthorizationError)
 async def _drop_stale(sending: _Sending, error: Exception) -> None:
     """After a connection error, the node's older connections (closed by a restart, as the failed one was)
     reconnect before another is used; what redis-py's command path does for a plain command. The node is the
-    one redis-py names the failed connection of, else the one owning the transaction's key, else (no key
-    known) every node's, idle ones reconnecting when next used (a rare error: a node's restart)."""
+    one redis-py names the failed connection of, else the one owning the key the transaction watched, else
+    (it watched none) every node's, idle ones reconnecting when next used (a rare error: a node's restart)."""
     if isinstance(error, _NOT_STALE):
         return
     cluster = sending.cluster
@@ -187,7 +187,7 @@ class _Pipeline(ClusterPipeline):
         super().__init__(client, transaction)
         self.transaction = transaction
         self.watched = False  # a transaction whose WATCH was sent: its connection holds it until EXEC or reset
-        self.key: Any = None  # the first key it names: every key of a transaction is in that key's slot
+        self.key: Any = None  # the first key it watched: every key of a transaction is in that key's slot
 
     async def _send(self, send: Awaitable[T], watched: bool, applies: bool = False) -> T:
         try:
@@ -204,8 +204,6 @@ class _Pipeline(ClusterPipeline):
         await self._send(send, watched)
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        if self.key is None and len(args) > 1:
-            self.key = args[1]
         queued_or_sent = super().execute_command(*args, **kwargs)
         if isinstance(queued_or_sent, Coroutine):  # sent at once: a command between WATCH and MULTI
             return self._send(queued_or_sent, self.watched)
