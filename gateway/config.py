@@ -35,6 +35,7 @@ from exports_common.connection_limits import ConnectionLimits, networks
 from exports_common.otel import TracingConfig
 from gateway import legacy_config
 from gateway.context import RequestContext
+from gateway.forwarding import ForwardedHeader
 from gateway.limiter import Quota
 from gateway.plugin_config import PluginUse, validate_entries
 from gateway.plugin_registry import registry
@@ -90,11 +91,15 @@ def _missing(route: RouteConfig, name: str, field: str, after: list[tuple[str, C
     return f"route `{route.name}`: {name} needs `{field}`, which no earlier plugin provides{hint}"
 
 
+def _contracts(route: RouteConfig) -> list[tuple[str, Contract]]:
+    """Each of the route's plugins with its contract for these settings and the route's methods, in order."""
+    methods = tuple(route.methods)
+    return [(e.name, registry().get(e.name).contract(e.settings, methods)) for e in route.plugins]
+
+
 def provided_by(route: RouteConfig) -> frozenset[str]:
     """The context fields the route's plugins set (provide, or default) before its upstream call."""
-    methods = tuple(route.methods)
-    contracts = [registry().get(e.name).contract(e.settings, methods) for e in route.plugins]
-    return frozenset().union(*(c.provides | c.defaults for c in contracts))
+    return frozenset().union(*(c.provides | c.defaults for _, c in _contracts(route)))
 
 
 def contract_problems(route: RouteConfig) -> list[tuple[Loc, str]]:
@@ -104,8 +109,7 @@ def contract_problems(route: RouteConfig) -> list[tuple[Loc, str]]:
     provided: set[str] = set()
     minted_by: dict[str, str] = {}
     agreed: dict[str, tuple[str, object]] = {}
-    methods = tuple(route.methods)
-    chain = [(e.name, registry().get(e.name).contract(e.settings, methods)) for e in route.plugins]
+    chain = _contracts(route)
     for at, (name, contract) in enumerate(chain):
         here: Loc = ("plugins", at, name)
         for field in sorted((contract.needs | contract.provides | contract.defaults) - CONTEXT_FIELDS):
@@ -127,7 +131,7 @@ def contract_problems(route: RouteConfig) -> list[tuple[Loc, str]]:
                                    f"last"))
         minted_by.update(dict.fromkeys(contract.defaults - provided, name))
         provided |= contract.provides | contract.defaults
-    for field in sorted(route.policy.needs(methods) - provided):
+    for field in sorted(route.policy.needs(tuple(route.methods)) - provided):
         problems.append((("policy", "retry"), _missing(route, "policy.retry", field, [])))
     return problems
 
@@ -333,7 +337,7 @@ class GatewayConfig(Strict):
                                              "gateway's own address)")
     trusted_proxies: list[str] = Field(default_factory=list, description="CIDRs whose Forwarded / X-Forwarded-* "
                                        "headers are believed; anyone else's are dropped")
-    forwarded_header: Literal["auto", "x-forwarded-for", "forwarded"] = Field(
+    forwarded_header: ForwardedHeader = Field(
         "auto", description="the header the nearest trusted proxy writes the client's address in; auto: whichever "
                             "of the two a request carries, and neither when it carries both (the trusted peer's "
                             "own address counts), since a client can add the one its proxy does not write")
@@ -503,12 +507,12 @@ class GatewayConfig(Strict):
         problems: list[tuple[Loc, str]] = []
         by_name = {r.name: r for r in self.routes}
         for i, route in enumerate(self.routes):
-            for at, entry in enumerate(route.plugins):
-                for named in registry().get(entry.name).contract(entry.settings, tuple(route.methods)).routes:
+            for at, (name, contract) in enumerate(_contracts(route)):
+                for named in contract.routes:
                     target = by_name.get(named)
                     if target is None or "GET" not in target.methods:
-                        problems.append((("routes", i, "plugins", at, entry.name),
-                                         f"route `{route.name}`: {entry.name} names route {named!r}, which is not "
+                        problems.append((("routes", i, "plugins", at, name),
+                                         f"route `{route.name}`: {name} names route {named!r}, which is not "
                                          f"a GET route of this config (routes: {sorted(by_name)})"))
         return problems
 

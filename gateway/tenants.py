@@ -43,10 +43,10 @@ class _NoTenant(LookupError):
 class TenantDirectory:
     def __init__(self, key_hashes: dict[str, list[str]], limits: Limits | None = None) -> None:
         self._by_hash = {h.lower(): tenant for tenant, hashes in key_hashes.items() for h in hashes}
-        # `Authorization` values seen to name a tenant, as sent, so that a client's key is hashed once, not on
-        # each request: a value that names none raises, which lru_cache does not keep, so only keys that matched
-        # stay, at most as many as are configured: what clients send never sets its size (a reload builds a new
-        # directory, and a new memo)
+        # `Authorization` values in the canonical spelling seen to name a tenant, so that a client's key is hashed
+        # once, not on each request: a value that names none raises, which lru_cache does not keep, so only keys
+        # that matched stay, one entry per configured key at most: what clients send never sets its size nor
+        # pushes another tenant's entry out (a reload builds a new directory, and a new memo)
         self._named = functools.lru_cache(maxsize=len(self._by_hash))(self._tenant_named)
         self.limits = limits or Limits()
 
