@@ -33,7 +33,7 @@ import httpx
 import yaml
 
 from benchmarks import wrk
-from benchmarks.harness import AUTH, cpu_seconds, processes, submit_and_wait
+from benchmarks.harness import AUTH, cpu_per_request, processes, submit_and_wait
 from tests.conftest import RAISED_LIMITS, backend_config, gateway_config
 from tests.procs import ROOT, SERVICE_TOKEN_ENV, RedisServer, free_port, wait_until
 
@@ -118,9 +118,7 @@ def main() -> None:
         best: dict[str, tuple[wrk.WrkResult, float]] = {}
         for _ in range(args.rounds):
             for label, (url, pid) in servers.items():
-                before = cpu_seconds(pid)
-                result = wrk.run(url + path, seconds=args.seconds, headers=AUTH)
-                micros = (cpu_seconds(pid) - before) / max(1, result.requests) * 1e6
+                micros, result = cpu_per_request(pid, url + path, args.seconds, AUTH)
                 if label not in best or result.rps > best[label][0].rps:
                     best[label] = (result, micros)
     for label, (result, micros) in best.items():

@@ -42,7 +42,7 @@ from benchmarks.harness import (
     AUTH,
     LOAD_CPU,
     Processes,
-    cpu_seconds,
+    cpu_per_request,
     nginx,
     pin,
     processes,
@@ -200,9 +200,7 @@ def cpu_per_call(procs: Processes, backend: Service, seconds: float, rounds: int
                 wrk.run(url, seconds=1, headers=headers)  # warm-up
             for _ in range(rounds):  # in turns: a load that comes and goes falls on each alike
                 for label, (url, headers, pid) in targets.items():
-                    before = cpu_seconds(pid)
-                    result = wrk.run(url, seconds=seconds, headers=headers)
-                    micros = (cpu_seconds(pid) - before) / max(1, result.requests) * 1e6
+                    micros, result = cpu_per_request(pid, url, seconds, headers)
                     if label not in best or micros < best[label][0]:
                         best[label] = (micros, result)
     print("CPU per proxied list call, before one static upstream (nginx), user + sys of the proxy's process:")
@@ -253,10 +251,8 @@ def frame_cost(procs: Processes, gateway: Service, hit_path: str, seconds: float
         for _ in range(rounds):
             for name, server in servers.items():
                 assert server.proc is not None
-                before = cpu_seconds(server.proc.pid)
-                result = wrk.run(f"{server.url}{path}", seconds=seconds, headers=AUTH,
-                                 cpu=LOAD_CPU if pinned else None)
-                micros = (cpu_seconds(server.proc.pid) - before) / max(1, result.requests) * 1e6
+                micros, result = cpu_per_request(server.proc.pid, f"{server.url}{path}", seconds, AUTH,
+                                                 cpu=LOAD_CPU if pinned else None)
                 if name not in best or micros < best[name][0]:
                     best[name] = (micros, result)
         for name, (micros, result) in best.items():

@@ -268,7 +268,7 @@ def gateway_hit_cpu(seconds: float, rounds: int) -> dict[str, float]:
     and wrk on the other; the best round of each. At the machine's own pace, unlike callgrind's, the
     library's expiry timer starts its thread as often as it would in service."""
     from benchmarks import wrk
-    from benchmarks.harness import AUTH, LOAD_CPU, cpu_seconds, pin, processes, submit_and_wait
+    from benchmarks.harness import AUTH, LOAD_CPU, cpu_per_request, pin, processes, submit_and_wait
     from tests.conftest import RAISED_LIMITS, backend_config, gateway_config
 
     best: dict[str, float] = {}
@@ -287,10 +287,8 @@ def gateway_hit_cpu(seconds: float, rounds: int) -> dict[str, float]:
         for _ in range(rounds):
             for name, server in servers.items():
                 assert server.proc is not None
-                before = cpu_seconds(server.proc.pid)
-                result = wrk.run(f"{server.url}{path}", seconds=seconds, headers=AUTH, cpu=LOAD_CPU)
+                micros, result = cpu_per_request(server.proc.pid, f"{server.url}{path}", seconds, AUTH, cpu=LOAD_CPU)
                 assert result.requests > 0 and not result.errors, (name, result.line())
-                micros = (cpu_seconds(server.proc.pid) - before) / result.requests * 1e6
                 best[name] = min(micros, best.get(name, micros))
     return best
 

@@ -23,7 +23,7 @@ import argparse
 import statistics
 
 from benchmarks import wrk
-from benchmarks.harness import AUTH, cpu_seconds, processes
+from benchmarks.harness import AUTH, cpu_per_request, processes
 from benchmarks.server_instructions import LIST_PATH, same_answers
 from tests.conftest import RAISED_LIMITS, backend_config, gateway_config
 from tests.procs import Service, free_port
@@ -33,9 +33,7 @@ Round = tuple[float, wrk.WrkResult]  # CPU µs per request, and wrk's figures
 
 def measure(server: Service, seconds: float, connections: int) -> Round:
     assert server.proc is not None
-    before = cpu_seconds(server.proc.pid)
-    result = wrk.run(f"{server.url}{LIST_PATH}", seconds=seconds, connections=connections, headers=AUTH)
-    return (cpu_seconds(server.proc.pid) - before) / max(1, result.requests) * 1e6, result
+    return cpu_per_request(server.proc.pid, f"{server.url}{LIST_PATH}", seconds, AUTH, connections)
 
 
 def main() -> None:

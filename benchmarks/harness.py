@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import httpx
 
+from benchmarks import wrk
 from tests.conftest import DEMO_KEY, RAISED_LIMITS
 from tests.procs import ROOT, Service, free_port, wait_until
 
@@ -82,6 +83,15 @@ def cpu_seconds(pid: int) -> float:
         fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
         ticks += int(fields[11]) + int(fields[12])  # utime and stime (fields 14 and 15 of proc(5))
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_request(pid: int, url: str, seconds: float, headers: dict[str, str], connections: int = 32,
+                    cpu: int | None = None) -> tuple[float, wrk.WrkResult]:
+    """One wrk run against `url` and the CPU µs per request it cost process `pid` (user + sys, its children's
+    too), with wrk's figures; `cpu`: wrk on that core alone."""
+    before = cpu_seconds(pid)
+    result = wrk.run(url, seconds=seconds, connections=connections, headers=headers, cpu=cpu)
+    return (cpu_seconds(pid) - before) / max(1, result.requests) * 1e6, result
 
 
 @dataclass(frozen=True)
